@@ -1,0 +1,274 @@
+//! Capture: list each kind of the profile page by page and turn objects into records.
+//!
+//! [`Collector`] is the pure part (what becomes a record, what is skipped, which keys collide);
+//! [`fetch_page`] is the Kubernetes edge. Objects travel as raw JSON text: one page at a time
+//! is in memory, and `status` is copied, never parsed.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kube::api::ListParams;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::format::{KeyConflict, KindCount, ObjectRef, Record, Skipped, is_carried};
+use crate::identity::{IdentityKey, KindProfile};
+use crate::object::RawObject;
+use crate::{Error, Result};
+
+/// Why a kind or an object is not in the payload. Stable strings: they end up in manifests.
+pub mod reasons {
+    pub const SECRET_KIND: &str = "never captured: holds credentials";
+    pub const NOT_SERVED: &str = "kind not served by the API server";
+    pub const NO_STATUS: &str = "no status";
+    pub const NO_KEY: &str = "no identity key: every key field is empty";
+}
+
+/// Accumulates what a capture saw, kind by kind.
+#[derive(Debug, Default)]
+pub struct Collector {
+    kinds: Vec<KindCount>,
+    skipped: Vec<Skipped>,
+    /// First owner of each (kind, primary key), to report collisions.
+    owners: HashMap<(String, IdentityKey), ObjectRef>,
+    conflicts: BTreeMap<(String, IdentityKey), Vec<ObjectRef>>,
+}
+
+/// What the collector hands to the manifest.
+pub struct CaptureSummary {
+    pub kinds: Vec<KindCount>,
+    pub skipped: Vec<Skipped>,
+    pub conflicts: Vec<KeyConflict>,
+}
+
+impl Collector {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn begin_kind(&mut self, kind: &KindProfile) {
+        self.kinds.push(KindCount { api_version: kind.api_version(), kind: kind.kind.clone(), records: 0, skipped: 0 });
+    }
+
+    /// A whole kind left out (denied, or not served).
+    pub fn skip_kind(&mut self, kind: &KindProfile, reason: &str) {
+        self.skipped.push(Skipped { kind: kind.kind.clone(), namespace: None, name: None, reason: reason.into() });
+    }
+
+    /// Turns one listed object into a record, or notes why it is skipped.
+    pub fn add(&mut self, kind: &KindProfile, object: &RawObject<'_>) -> Option<Record> {
+        let reference = ObjectRef {
+            kind: kind.kind.clone(),
+            namespace: object.meta.namespace.as_ref().map(|n| n.to_string()),
+            name: object.meta.name.to_string(),
+        };
+        let keys = kind.keys_of(object);
+        let skip = match (object.status(), keys.first()) {
+            (None, _) => Some(reasons::NO_STATUS),
+            (_, None) => Some(reasons::NO_KEY),
+            _ => None,
+        };
+        let count = self.current(kind);
+        if let Some(reason) = skip {
+            count.skipped += 1;
+            self.skipped.push(Skipped {
+                kind: reference.kind,
+                namespace: reference.namespace,
+                name: Some(reference.name),
+                reason: reason.into(),
+            });
+            return None;
+        }
+        count.records += 1;
+        let (status, primary) = (object.status()?, keys.first()?.clone());
+        self.note_key(&kind.kind, primary, reference);
+        Some(record_of(kind, object, keys, status))
+    }
+
+    pub fn finish(self) -> CaptureSummary {
+        let conflicts = self
+            .conflicts
+            .into_iter()
+            .map(|((kind, key), objects)| KeyConflict { kind, key: key.to_string(), objects })
+            .collect();
+        CaptureSummary { kinds: self.kinds, skipped: self.skipped, conflicts }
+    }
+
+    fn current(&mut self, kind: &KindProfile) -> &mut KindCount {
+        if self.kinds.last().is_none_or(|k| k.kind != kind.kind) {
+            self.begin_kind(kind);
+        }
+        self.kinds.last_mut().expect("begin_kind pushed one")
+    }
+
+    fn note_key(&mut self, kind: &str, key: IdentityKey, object: ObjectRef) {
+        let slot = (kind.to_string(), key);
+        match self.owners.get(&slot) {
+            None => {
+                self.owners.insert(slot, object);
+            }
+            Some(first) => {
+                let objects = self.conflicts.entry(slot).or_insert_with(|| vec![first.clone()]);
+                objects.push(object);
+            }
+        }
+    }
+}
+
+fn record_of(kind: &KindProfile, object: &RawObject<'_>, keys: Vec<IdentityKey>, status: &RawValue) -> Record {
+    let carried = |map: &Option<BTreeMap<String, String>>| -> BTreeMap<String, String> {
+        map.iter().flatten().filter(|(k, _)| is_carried(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    let meta = &object.meta;
+    Record {
+        api_version: kind.api_version(),
+        kind: kind.kind.clone(),
+        namespace: meta.namespace.as_ref().map(|n| n.to_string()).filter(|n| !n.is_empty()),
+        name: meta.name.to_string(),
+        keys,
+        uid: meta.uid.as_ref().map(|s| s.to_string()),
+        resource_version: meta.resource_version.as_ref().map(|s| s.to_string()),
+        generation: meta.generation,
+        creation_timestamp: meta.creation_timestamp.as_ref().map(|s| s.to_string()),
+        labels: carried(&meta.labels),
+        annotations: carried(&meta.annotations),
+        status: status.to_owned(),
+    }
+}
+
+/// One page of a LIST response, items left raw.
+#[derive(Deserialize)]
+pub struct ListPage<'a> {
+    #[serde(default)]
+    pub metadata: ListMeta,
+    #[serde(borrow, default)]
+    pub items: Vec<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+pub struct ListMeta {
+    #[serde(rename = "continue", default)]
+    pub continue_token: Option<String>,
+    #[serde(rename = "resourceVersion", default)]
+    pub resource_version: Option<String>,
+}
+
+impl<'a> ListPage<'a> {
+    pub fn parse(kind: &KindProfile, body: &'a str) -> Result<Self> {
+        serde_json::from_str(body).map_err(|e| Error::InvalidObject {
+            kind: kind.qualified_kind(),
+            name: "(list)".into(),
+            reason: format!("LIST response is not a list: {e}"),
+        })
+    }
+
+    pub fn next(&self) -> Option<&str> {
+        self.metadata.continue_token.as_deref().filter(|t| !t.is_empty())
+    }
+}
+
+/// Fetches one page of `kind` across all namespaces, continuing after `continue_token`.
+/// `None` when the API server does not serve the kind (no CRD): reported, not an error.
+pub async fn fetch_page(
+    client: &kube::Client,
+    kind: &KindProfile,
+    page_size: u32,
+    continue_token: Option<&str>,
+) -> Result<Option<String>> {
+    let context = || format!("list {}", kind.qualified_kind());
+    let mut params = ListParams::default().limit(page_size);
+    if let Some(token) = continue_token {
+        params = params.continue_token(token);
+    }
+    let request = kube::core::Request::new(kind.list_path())
+        .list(&params)
+        .map_err(|e| Error::kube(context(), kube::Error::BuildRequest(e)))?;
+    match client.request_text(request).await {
+        Ok(body) => Ok(Some(body)),
+        Err(kube::Error::Api(status)) if status.is_not_found() && continue_token.is_none() => Ok(None),
+        Err(e) => Err(Error::kube(context(), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Profile;
+
+    fn server(name: &str, uuid: &str, status: &str) -> String {
+        format!(
+            r#"{{"metadata":{{"name":"{name}","uid":"uid-{name}","resourceVersion":"7","generation":2,
+            "annotations":{{"kubectl.kubernetes.io/last-applied-configuration":"{{}}","metal.ironcore.dev/operation":"ignore"}}}},
+            "spec":{{"systemUUID":"{uuid}"}},"status":{status}}}"#
+        )
+    }
+
+    #[test]
+    fn objects_become_records_with_keys_and_carried_annotations_only() {
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let mut collector = Collector::new();
+        collector.begin_kind(kind);
+        let json = server("s1", "UUID-1", r#"{"state":"Reserved","powerState":"On"}"#);
+        let record = collector.add(kind, &RawObject::parse(&json).unwrap()).unwrap();
+        assert_eq!(record.kind, "Server");
+        assert_eq!(record.api_version, "metal.ironcore.dev/v1alpha1");
+        assert_eq!(record.keys[0].to_string(), "spec.systemUUID=uuid-1");
+        assert_eq!(record.uid.as_deref(), Some("uid-s1"));
+        assert_eq!(record.generation, Some(2));
+        assert_eq!(record.status.get(), r#"{"state":"Reserved","powerState":"On"}"#);
+        assert_eq!(record.annotations.keys().collect::<Vec<_>>(), ["metal.ironcore.dev/operation"]);
+        let summary = collector.finish();
+        assert_eq!(summary.kinds[0].records, 1);
+        assert!(summary.skipped.is_empty() && summary.conflicts.is_empty());
+    }
+
+    #[test]
+    fn objects_without_status_or_key_are_skipped_with_a_reason() {
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let mut collector = Collector::new();
+        collector.begin_kind(kind);
+        assert!(collector.add(kind, &RawObject::parse(&server("s1", "U1", "{}")).unwrap()).is_none());
+        assert!(
+            collector.add(kind, &RawObject::parse(&server("s2", "", r#"{"state":"Available"}"#)).unwrap()).is_none()
+        );
+        let summary = collector.finish();
+        assert_eq!((summary.kinds[0].records, summary.kinds[0].skipped), (0, 2));
+        let reasons: Vec<_> = summary.skipped.iter().map(|s| (s.name.clone().unwrap(), s.reason.as_str())).collect();
+        assert_eq!(reasons, [("s1".to_string(), reasons::NO_STATUS), ("s2".to_string(), reasons::NO_KEY)]);
+    }
+
+    #[test]
+    fn duplicate_keys_are_conflicts_and_both_records_are_kept() {
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let mut collector = Collector::new();
+        let status = r#"{"state":"Available"}"#;
+        for name in ["a", "b", "c"] {
+            let uuid = if name == "c" { "other" } else { "SAME" };
+            assert!(collector.add(kind, &RawObject::parse(&server(name, uuid, status)).unwrap()).is_some());
+        }
+        let summary = collector.finish();
+        assert_eq!(summary.kinds[0].records, 3);
+        assert_eq!(summary.conflicts.len(), 1);
+        let conflict = &summary.conflicts[0];
+        assert_eq!(conflict.key, "spec.systemUUID=same");
+        let names: Vec<_> = conflict.objects.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn list_page_exposes_items_and_continue_token() {
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let body =
+            r#"{"kind":"ServerList","metadata":{"continue":"abc","resourceVersion":"9"},"items":[{"a":1},{"b":2}]}"#;
+        let page = ListPage::parse(kind, body).unwrap();
+        assert_eq!(page.items.len(), 2);
+        assert_eq!(page.next(), Some("abc"));
+        let last = ListPage::parse(kind, r#"{"metadata":{"continue":""},"items":[]}"#).unwrap();
+        assert_eq!(last.next(), None);
+        let err = ListPage::parse(kind, "<html>").err().unwrap().to_string();
+        assert!(err.contains("Server.metal.ironcore.dev") && err.contains("not a list"), "{err}");
+    }
+}

@@ -1,0 +1,83 @@
+//! The library's one error type. Every variant names what it is about (a snapshot, an object,
+//! a profile file, a storage URL), so a message on its own tells an operator where to look.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A snapshot exists but its content cannot be trusted: checksum, size, compression, records.
+    #[error("snapshot {snapshot}: {reason}")]
+    CorruptSnapshot { snapshot: String, reason: String },
+
+    /// A snapshot written by a restatus of another major format version.
+    #[error("snapshot {snapshot}: format version {found} is not supported; this restatus reads format {supported}.x")]
+    UnsupportedFormat { snapshot: String, found: String, supported: u32 },
+
+    /// A snapshot whose manifest names another cluster than the one asked for.
+    #[error("snapshot {snapshot}: it belongs to cluster {found:?}, not to {expected:?}")]
+    ForeignSnapshot { snapshot: String, found: String, expected: String },
+
+    /// No manifest: for readers the snapshot does not exist.
+    #[error("snapshot {0}: not found (no manifest)")]
+    SnapshotNotFound(String),
+
+    #[error("invalid snapshot id {0:?}")]
+    InvalidSnapshotId(String),
+
+    #[error("profile {source_name}: {reason}")]
+    Profile { source_name: String, reason: String },
+
+    #[error("cron expression {expression:?}: {reason}")]
+    Cron { expression: String, reason: String },
+
+    #[error("storage URL {url}: {reason}")]
+    StorageUrl { url: String, reason: String },
+
+    #[error("object store: {context}: {source}")]
+    Store {
+        context: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    #[error("Kubernetes API: {context}: {source}")]
+    Kube {
+        context: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("kubeconfig {path}: {reason}")]
+    Kubeconfig { path: PathBuf, reason: String },
+
+    /// An object returned by the API server that restatus cannot read.
+    #[error("{kind} {name}: {reason}")]
+    InvalidObject { kind: String, name: String, reason: String },
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn corrupt(snapshot: impl ToString, reason: impl Into<String>) -> Self {
+        Error::CorruptSnapshot { snapshot: snapshot.to_string(), reason: reason.into() }
+    }
+
+    pub(crate) fn store(context: impl Into<String>, source: object_store::Error) -> Self {
+        Error::Store { context: context.into(), source }
+    }
+
+    pub(crate) fn kube(context: impl Into<String>, source: kube::Error) -> Self {
+        Error::Kube { context: context.into(), source }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+}

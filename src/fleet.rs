@@ -1,0 +1,310 @@
+//! Sample fleets of metal-operator objects with realistic status, for the demo, the end-to-end
+//! tests and the benchmarks. Objects are deterministic in their index, so tests can predict
+//! every field; values vary per object (MACs, serials, UUIDs) so compression is not flattered.
+
+use futures::{StreamExt, TryStreamExt, stream};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+use crate::identity::{KindProfile, Profile};
+use crate::{Error, Result};
+
+/// Label on every sample object, naming its fleet.
+pub const FLEET_LABEL: &str = "restatus.ironcore.dev/sample-fleet";
+
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    /// Prefix of object names and value of [`FLEET_LABEL`].
+    pub name: String,
+    pub servers: usize,
+    pub bmcs: usize,
+    /// Claims, spread round-robin over `namespaces`; claim `i` binds server `i`.
+    pub claims: usize,
+    pub namespaces: Vec<String>,
+}
+
+impl FleetSpec {
+    pub fn new(name: &str, servers: usize, bmcs: usize, claims: usize) -> Self {
+        FleetSpec {
+            name: name.into(),
+            servers,
+            bmcs,
+            claims: claims.min(servers),
+            namespaces: vec!["team-a".into(), "team-b".into()],
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.servers + self.bmcs + self.claims
+    }
+
+    pub fn server_name(&self, i: usize) -> String {
+        format!("{}-server-{i:05}", self.name)
+    }
+
+    pub fn bmc_name(&self, i: usize) -> String {
+        format!("{}-bmc-{i:05}", self.name)
+    }
+
+    pub fn claim_ref(&self, i: usize) -> (String, String) {
+        (self.namespaces[i % self.namespaces.len()].clone(), format!("{}-claim-{i:05}", self.name))
+    }
+
+    /// Server `i` as (object without status, status).
+    pub fn server(&self, i: usize) -> (Value, Value) {
+        let h = mix(i as u64 ^ 0x5e4e_0000);
+        let mut spec = json!({
+            "systemUUID": uuid(h),
+            "bmcRef": {"name": self.bmc_name(i % self.bmcs.max(1))},
+            "power": if i < self.claims { "On" } else { "Off" },
+        });
+        if i < self.claims {
+            let (ns, name) = self.claim_ref(i);
+            spec["serverClaimRef"] = json!({"namespace": ns, "name": name});
+        }
+        let object = json!({
+            "apiVersion": "metal.ironcore.dev/v1alpha1",
+            "kind": "Server",
+            "metadata": {"name": self.server_name(i), "labels": {FLEET_LABEL: self.name}},
+            "spec": spec,
+        });
+        let state = if i < self.claims { "Reserved" } else { "Available" };
+        (object, server_status(i, h, state))
+    }
+
+    pub fn bmc(&self, i: usize) -> (Value, Value) {
+        let h = mix(i as u64 ^ 0xb3c0_0000);
+        let mac = mac(h, 0);
+        let object = json!({
+            "apiVersion": "metal.ironcore.dev/v1alpha1",
+            "kind": "BMC",
+            "metadata": {"name": self.bmc_name(i), "labels": {FLEET_LABEL: self.name}},
+            "spec": {
+                "access": {"macAddress": mac, "ip": ip(10, h)},
+                "bmcSecretRef": {"name": format!("{}-bmc-secret", self.name)},
+                "protocol": {"name": "Redfish", "port": 443, "scheme": "https"},
+            },
+        });
+        let status = json!({
+            "ip": ip(10, h),
+            "macAddress": mac,
+            "manufacturer": "Dell Inc.",
+            "model": "iDRAC9",
+            "sku": format!("SKU-{:04}", h % 10_000),
+            "serialNumber": format!("BMC{:010}", h % 10_000_000_000),
+            "firmwareVersion": "7.00.00.171",
+            "state": "Enabled",
+            "powerState": "On",
+            "lastResetTime": "2026-11-01T00:00:00Z",
+            "conditions": [condition("Ready", "True", "BMCReady")],
+        });
+        (object, status)
+    }
+
+    pub fn claim(&self, i: usize) -> (Value, Value) {
+        let (ns, name) = self.claim_ref(i);
+        let object = json!({
+            "apiVersion": "metal.ironcore.dev/v1alpha1",
+            "kind": "ServerClaim",
+            "metadata": {"name": name, "namespace": ns, "labels": {FLEET_LABEL: self.name}},
+            "spec": {
+                "power": "On",
+                "image": "ghcr.io/ironcore-dev/os-images/gardenlinux:1877.0",
+                "serverRef": {"name": self.server_name(i)},
+            },
+        });
+        (object, json!({"phase": "Bound"}))
+    }
+}
+
+fn server_status(i: usize, h: u64, state: &str) -> Value {
+    let nics: Vec<Value> = (0..8u64)
+        .map(|n| {
+            let hn = mix(h ^ n);
+            json!({
+                "name": format!("eno{}np{}", n / 2 + 1, n % 2),
+                "macAddress": mac(hn, n),
+                "ip": ip(100, hn),
+                "ips": [ip(100, hn), format!("fd00:{:x}::{:x}", hn % 65_536, (hn >> 16) % 65_536)],
+                "carrierStatus": if n < 6 { "Up" } else { "Down" },
+                "neighbors": [{
+                    "macAddress": mac(mix(hn), 99),
+                    "portID": format!("Ethernet{}/{}", (hn % 32) + 1, n + 1),
+                    "portDescription": format!("to {} port {n}", server_label(i)),
+                    "systemName": format!("leaf-{:03}.rack-{:02}.dc1", (hn % 64) + 1, (i / 40) % 100),
+                    "systemDescription": "SONiC Software Version: SONiC.202405 - HwSku: Accton-AS7726-32X",
+                }],
+            })
+        })
+        .collect();
+    let cpus: Vec<Value> = (0..2)
+        .map(|n| {
+            json!({
+                "id": format!("CPU.Socket.{}", n + 1),
+                "type": "CPU",
+                "architecture": "x86",
+                "instructionSet": "x86-64",
+                "manufacturer": "Intel",
+                "model": "Intel(R) Xeon(R) Gold 6348 CPU @ 2.60GHz",
+                "maxSpeedMHz": 4000,
+                "totalCores": 28,
+                "totalThreads": 56,
+            })
+        })
+        .collect();
+    let drives: Vec<Value> = (0..4u64)
+        .map(|n| {
+            json!({
+                "name": format!("Disk.Bay.{n}:Enclosure.Internal.0-1"),
+                "model": if n < 2 { "MZ7L3480HCHQ" } else { "MZQL23T8HCLS" },
+                "vendor": "Samsung",
+                "mediaType": "SSD",
+                "type": if n < 2 { "SATA" } else { "NVMe" },
+                "capacity": if n < 2 { "480103981056" } else { "3840755982336" },
+                "state": "Enabled",
+            })
+        })
+        .collect();
+    json!({
+        "state": state,
+        "powerState": if state == "Reserved" { "On" } else { "Off" },
+        "indicatorLED": "Off",
+        "manufacturer": "Dell Inc.",
+        "model": "PowerEdge R650",
+        "sku": format!("SKU{:07}", h % 10_000_000),
+        "serialNumber": format!("SRV{:08X}", h as u32),
+        "biosVersion": "1.14.1",
+        "totalSystemMemory": "512Gi",
+        "networkInterfaces": nics,
+        "processors": cpus,
+        "storages": [{
+            "name": "RAID.SL.3-1",
+            "state": "Enabled",
+            "drives": drives,
+            "volumes": [{"name": "Disk.Virtual.0", "capacity": "479559942144", "raidType": "RAID1", "state": "Enabled", "volumeUsage": "Data"}],
+        }],
+        "conditions": [condition("Ready", "True", "ServerReady")],
+    })
+}
+
+fn server_label(i: usize) -> String {
+    format!("server-{i:05}")
+}
+
+fn condition(kind: &str, status: &str, reason: &str) -> Value {
+    json!({"type": kind, "status": status, "reason": reason, "message": "", "lastTransitionTime": "2026-11-01T00:00:00Z"})
+}
+
+/// splitmix64: a cheap, well-spread deterministic hash.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn uuid(h: u64) -> String {
+    let l = mix(h);
+    format!(
+        "{:08X}-{:04X}-{:04X}-{:04X}-{:012X}",
+        h >> 32,
+        (h >> 16) & 0xffff,
+        h & 0xffff,
+        l >> 48,
+        l & 0xffff_ffff_ffff
+    )
+}
+
+fn mac(h: u64, n: u64) -> String {
+    let b = mix(h ^ (n << 56)).to_be_bytes();
+    format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", 0x02, b[1], b[2], b[3], b[4], b[5])
+}
+
+fn ip(first: u8, h: u64) -> String {
+    format!("{first}.{}.{}.{}", (h >> 8) % 256, (h >> 16) % 256, (h >> 24) % 254 + 1)
+}
+
+/// Creates the fleet on a cluster: namespaces, objects, then their status through the status
+/// subresource. `concurrency` requests are in flight at once. Existing objects are an error.
+pub async fn create(client: &kube::Client, spec: &FleetSpec, concurrency: usize) -> Result<()> {
+    let profile = Profile::metal_operator();
+    for ns in &spec.namespaces {
+        ensure_namespace(client, ns).await?;
+    }
+    let kind = |name: &str| profile.kind(name).cloned().expect("built-in kind");
+    let mut work: Vec<(KindProfile, Value, Value)> = Vec::with_capacity(spec.total());
+    work.extend((0..spec.bmcs).map(|i| spec.bmc(i)).map(|(o, s)| (kind("BMC"), o, s)));
+    work.extend((0..spec.servers).map(|i| spec.server(i)).map(|(o, s)| (kind("Server"), o, s)));
+    work.extend((0..spec.claims).map(|i| spec.claim(i)).map(|(o, s)| (kind("ServerClaim"), o, s)));
+    stream::iter(work)
+        .map(|(kind, object, status)| create_with_status(client, kind, object, status))
+        .buffer_unordered(concurrency.max(1))
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// The API of a kind, namespaced or cluster-wide.
+pub fn api_for(client: &kube::Client, kind: &KindProfile, namespace: Option<&str>) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(&kind.group, &kind.version, &kind.kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &kind.plural);
+    match namespace {
+        Some(ns) if kind.namespaced => Api::namespaced_with(client.clone(), ns, &resource),
+        _ => Api::all_with(client.clone(), &resource),
+    }
+}
+
+async fn create_with_status(client: &kube::Client, kind: KindProfile, object: Value, status: Value) -> Result<()> {
+    let namespace = object["metadata"]["namespace"].as_str().map(str::to_string);
+    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let api = api_for(client, &kind, namespace.as_deref());
+    let context = |what: &str| format!("{what} {} {name}", kind.kind);
+    let object: DynamicObject = serde_json::from_value(object).map_err(|e| Error::InvalidObject {
+        kind: kind.kind.clone(),
+        name: name.clone(),
+        reason: e.to_string(),
+    })?;
+    api.create(&PostParams::default(), &object).await.map_err(|e| Error::kube(context("create"), e))?;
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
+        .await
+        .map_err(|e| Error::kube(context("set status of"), e))?;
+    Ok(())
+}
+
+async fn ensure_namespace(client: &kube::Client, name: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace literal");
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
+        Err(e) => Err(Error::kube(format!("create namespace {name}"), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_have_realistic_unique_inventory() {
+        let spec = FleetSpec::new("t", 10, 10, 4);
+        let (a, sa) = spec.server(0);
+        let (b, sb) = spec.server(7);
+        assert_ne!(a["spec"]["systemUUID"], b["spec"]["systemUUID"]);
+        assert_eq!(sa["networkInterfaces"].as_array().unwrap().len(), 8);
+        assert!(sa["networkInterfaces"][0]["neighbors"][0]["systemName"].is_string());
+        assert_eq!(sa["processors"].as_array().unwrap().len(), 2);
+        assert_eq!(sa["storages"][0]["drives"].as_array().unwrap().len(), 4);
+        assert_eq!(sa["state"], "Reserved");
+        assert_eq!(sb["state"], "Available");
+        assert_eq!(a["spec"]["serverClaimRef"]["name"], spec.claim_ref(0).1);
+        let (claim, phase) = spec.claim(1);
+        assert_eq!(claim["metadata"]["namespace"], "team-b");
+        assert_eq!(claim["spec"]["serverRef"]["name"], spec.server_name(1));
+        assert_eq!(phase["phase"], "Bound");
+        let bytes = serde_json::to_vec(&sa).unwrap().len();
+        assert!((4_000..12_000).contains(&bytes), "server status is {bytes} bytes");
+    }
+}

@@ -1,0 +1,175 @@
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use super::{FORMAT_MAJOR, FORMAT_MINOR, SnapshotId};
+use crate::Error;
+
+/// `major.minor`. A reader accepts every minor of its own major and refuses other majors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct FormatVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl FormatVersion {
+    pub const CURRENT: FormatVersion = FormatVersion { major: FORMAT_MAJOR, minor: FORMAT_MINOR };
+}
+
+impl fmt::Display for FormatVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl FromStr for FormatVersion {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (major, minor) = s.split_once('.').ok_or_else(|| format!("format version {s:?} is not major.minor"))?;
+        let parse = |part: &str| part.parse::<u32>().map_err(|_| format!("format version {s:?} is not major.minor"));
+        Ok(FormatVersion { major: parse(major)?, minor: parse(minor)? })
+    }
+}
+
+impl TryFrom<String> for FormatVersion {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<FormatVersion> for String {
+    fn from(v: FormatVersion) -> String {
+        v.to_string()
+    }
+}
+
+/// The small JSON document that describes a snapshot. Written last, create-only: a snapshot
+/// without a manifest does not exist for readers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    pub format_version: FormatVersion,
+    pub cluster_id: String,
+    pub snapshot_id: SnapshotId,
+    /// When the capture started (the first LIST).
+    pub created_at: Timestamp,
+    /// When the payload was complete.
+    pub completed_at: Timestamp,
+    pub tool: String,
+    pub tool_version: String,
+    pub profile: String,
+    /// Per captured kind: records written and objects skipped.
+    pub kinds: Vec<KindCount>,
+    pub payload: PayloadInfo,
+    /// Everything not captured, and why.
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
+    /// Identity keys that more than one object of a kind carried in this capture.
+    #[serde(default)]
+    pub conflicts: Vec<KeyConflict>,
+}
+
+impl Manifest {
+    /// Parses a manifest and refuses other major versions before looking at anything else,
+    /// so a future format gets a clear "version" error rather than a confusing field error.
+    pub fn from_json(snapshot: &str, bytes: &[u8]) -> Result<Manifest, Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct VersionOnly {
+            format_version: String,
+        }
+        let version = serde_json::from_slice::<VersionOnly>(bytes)
+            .map_err(|e| Error::corrupt(snapshot, format!("manifest is not valid: {e}")))?;
+        let parsed: FormatVersion = version.format_version.parse().map_err(|e: String| Error::corrupt(snapshot, e))?;
+        if parsed.major != FORMAT_MAJOR {
+            return Err(Error::UnsupportedFormat {
+                snapshot: snapshot.to_string(),
+                found: version.format_version,
+                supported: FORMAT_MAJOR,
+            });
+        }
+        serde_json::from_slice(bytes).map_err(|e| Error::corrupt(snapshot, format!("manifest is not valid: {e}")))
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        // A manifest is plain data: serialising it cannot fail.
+        serde_json::to_vec_pretty(self).expect("manifest serialises")
+    }
+
+    pub fn records(&self) -> u64 {
+        self.payload.records
+    }
+
+    /// Records per kind, keyed by `Kind.group`.
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        self.kinds.iter().map(|k| (k.kind.clone(), k.records)).collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindCount {
+    pub api_version: String,
+    pub kind: String,
+    pub records: u64,
+    pub skipped: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PayloadInfo {
+    /// Object name relative to the snapshot's folder.
+    pub file: String,
+    /// `zstd` over JSON Lines: one record per line.
+    pub encoding: String,
+    /// Compressed bytes, as stored.
+    pub size: u64,
+    /// Bytes after decompression; readers refuse to decompress more.
+    pub uncompressed_size: u64,
+    /// Hex sha256 of the stored (compressed) bytes; readers check it before decompressing.
+    pub sha256: String,
+    pub records: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// Something the capture left out: a whole kind (no `name`), or one object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Skipped {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyConflict {
+    pub kind: String,
+    pub key: String,
+    pub objects: Vec<ObjectRef>,
+}

@@ -1,0 +1,23 @@
+//! Snapshot format v1 (see `docs/FORMAT.md`): a zstd-compressed JSON Lines payload of
+//! [`Record`]s and a small JSON [`Manifest`] that is written last and makes the snapshot exist.
+//!
+//! Everything here is pure: no I/O but `std::io::Write`/`Read` on memory.
+
+mod id;
+mod manifest;
+mod payload;
+mod record;
+
+pub use id::SnapshotId;
+pub use manifest::{FormatVersion, KeyConflict, KindCount, Manifest, ObjectRef, PayloadInfo, Skipped};
+pub use payload::{PayloadEncoder, PayloadSummary, decode_records, verify_payload};
+pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, is_carried};
+
+/// The major format version this build writes and reads. Readers refuse other majors.
+pub const FORMAT_MAJOR: u32 = 1;
+/// The minor version this build writes. Readers accept any minor of their major.
+pub const FORMAT_MINOR: u32 = 0;
+
+/// Object names inside a snapshot's folder.
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const PAYLOAD_FILE: &str = "payload.jsonl.zst";

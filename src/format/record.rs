@@ -1,0 +1,59 @@
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::identity::IdentityKey;
+
+/// Annotation and label prefixes a record carries over from the live object: restatus's own
+/// bookkeeping and metal-operator's operation annotation (`ignore` must survive a restore).
+/// Everything else belongs to the object's spec side and is not restatus's business.
+pub const CARRIED_ANNOTATION_PREFIXES: &[&str] = &["restatus.ironcore.dev/", "metal.ironcore.dev/operation"];
+
+/// One captured object: where it lives, how to find it again without its uid, and its status.
+///
+/// `status` is kept as raw JSON: restatus carries it, it does not need to understand it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+    /// Identity keys in profile order; the first is the primary key.
+    pub keys: Vec<IdentityKey>,
+    /// For information and safety checks only: never used to match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    pub status: Box<RawValue>,
+}
+
+impl Record {
+    /// `namespace/name`, or `name` for cluster-scoped objects.
+    pub fn object_name(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{ns}/{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+
+    pub fn primary_key(&self) -> Option<&IdentityKey> {
+        self.keys.first()
+    }
+}
+
+/// Whether restatus carries a label or annotation of this key into a record.
+pub fn is_carried(key: &str) -> bool {
+    CARRIED_ANNOTATION_PREFIXES.iter().any(|prefix| key.starts_with(prefix))
+}

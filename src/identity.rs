@@ -1,0 +1,286 @@
+//! Identity keys: how restatus finds an object again on another cluster without its uid.
+//!
+//! A [`Profile`] says, per kind, which fields form the key; the first non-empty one wins and
+//! becomes the primary key, the others are kept as alternates. The built-in `metal-operator`
+//! profile keys Servers by system UUID, BMCs by BMC UUID, MAC or serial, Endpoints by MAC and
+//! everything else by namespace/name. Pure code: no I/O beyond reading a profile file's text.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+use crate::object::RawObject;
+
+/// The pseudo path of the namespace/name key.
+pub const NAMESPACED_NAME: &str = "namespace/name";
+
+/// Kinds that are never captured, whatever a profile says: they hold credentials.
+pub const DENIED_KINDS: &[(&str, &str)] = &[("", "Secret"), ("metal.ironcore.dev", "BMCSecret")];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct IdentityKey {
+    /// The field the value came from, e.g. `spec.systemUUID` or `namespace/name`.
+    pub field: String,
+    pub value: String,
+}
+
+impl fmt::Display for IdentityKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.field, self.value)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KeyField {
+    /// A dotted path (`spec.systemUUID`) or `namespace/name`.
+    pub path: String,
+    /// Compare case-insensitively (UUIDs, MAC addresses).
+    #[serde(default)]
+    pub lowercase: bool,
+}
+
+impl KeyField {
+    pub fn new(path: &str, lowercase: bool) -> Self {
+        KeyField { path: path.to_string(), lowercase }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KindProfile {
+    /// API group; empty for the core group.
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    /// Resource name in URLs; defaults to the lower-cased kind plus `s`.
+    #[serde(default)]
+    pub plural: String,
+    #[serde(default)]
+    pub namespaced: bool,
+    /// Key fields, first non-empty wins. Empty means namespace/name.
+    #[serde(default)]
+    pub keys: Vec<KeyField>,
+}
+
+impl KindProfile {
+    fn new(kind: &str, plural: &str, namespaced: bool, keys: Vec<KeyField>) -> Self {
+        KindProfile {
+            group: METAL_GROUP.into(),
+            version: "v1alpha1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced,
+            keys,
+        }
+    }
+
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+    }
+
+    /// `Kind.group` (`Server.metal.ironcore.dev`), or `Kind` for the core group.
+    pub fn qualified_kind(&self) -> String {
+        if self.group.is_empty() { self.kind.clone() } else { format!("{}.{}", self.kind, self.group) }
+    }
+
+    /// The collection URL across all namespaces.
+    pub fn list_path(&self) -> String {
+        if self.group.is_empty() {
+            format!("/api/{}/{}", self.version, self.plural)
+        } else {
+            format!("/apis/{}/{}/{}", self.group, self.version, self.plural)
+        }
+    }
+
+    pub fn is_denied(&self) -> bool {
+        DENIED_KINDS.iter().any(|(group, kind)| self.group == *group && self.kind == *kind)
+    }
+
+    /// Every non-empty key of the object, in profile order: the first is the primary key.
+    pub fn keys_of(&self, object: &RawObject<'_>) -> Vec<IdentityKey> {
+        let default = [KeyField::new(NAMESPACED_NAME, false)];
+        let fields = if self.keys.is_empty() { &default[..] } else { &self.keys[..] };
+        fields
+            .iter()
+            .filter_map(|field| {
+                let value = if field.path == NAMESPACED_NAME {
+                    Some(object.namespaced_name()).filter(|n| !n.is_empty())
+                } else {
+                    object.string_at(&field.path)
+                }?;
+                let value = if field.lowercase { value.to_lowercase() } else { value };
+                Some(IdentityKey { field: field.path.clone(), value })
+            })
+            .collect()
+    }
+}
+
+const METAL_GROUP: &str = "metal.ironcore.dev";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Profile {
+    pub name: String,
+    pub kinds: Vec<KindProfile>,
+}
+
+impl Profile {
+    /// The built-in profile for metal-operator (`metal.ironcore.dev/v1alpha1`).
+    pub fn metal_operator() -> Profile {
+        let nn = || vec![KeyField::new(NAMESPACED_NAME, false)];
+        Profile {
+            name: "metal-operator".into(),
+            kinds: vec![
+                KindProfile::new(
+                    "BMC",
+                    "bmcs",
+                    false,
+                    vec![
+                        KeyField::new("spec.bmcUUID", true),
+                        KeyField::new("spec.access.macAddress", true),
+                        KeyField::new("status.serialNumber", false),
+                    ],
+                ),
+                KindProfile::new("Server", "servers", false, vec![KeyField::new("spec.systemUUID", true)]),
+                KindProfile::new("ServerClaim", "serverclaims", true, nn()),
+                KindProfile::new("Endpoint", "endpoints", false, vec![KeyField::new("spec.macAddress", true)]),
+                KindProfile::new("ServerMaintenance", "servermaintenances", true, nn()),
+                KindProfile::new("ServerBootConfiguration", "serverbootconfigurations", true, nn()),
+            ],
+        }
+    }
+
+    /// `metal-operator` (built in) or a path to a YAML or JSON profile file.
+    pub fn load(spec: &str) -> Result<Profile, Error> {
+        if spec == "metal-operator" {
+            return Ok(Profile::metal_operator());
+        }
+        let text = std::fs::read_to_string(spec)
+            .map_err(|e| Error::Profile { source_name: spec.into(), reason: format!("cannot read: {e}") })?;
+        Profile::parse(spec, &text)
+    }
+
+    /// Parses profile text (YAML, of which JSON is a subset) and validates it.
+    pub fn parse(source_name: &str, text: &str) -> Result<Profile, Error> {
+        let err = |reason: String| Error::Profile { source_name: source_name.into(), reason };
+        let mut profile: Profile =
+            serde_saphyr::from_str(text).map_err(|e| err(format!("not a valid profile: {e}")))?;
+        if profile.kinds.is_empty() {
+            return Err(err("lists no kinds".into()));
+        }
+        for kind in &mut profile.kinds {
+            if kind.kind.is_empty() || kind.version.is_empty() {
+                return Err(err("every kind needs `kind` and `version`".into()));
+            }
+            if kind.plural.is_empty() {
+                kind.plural = format!("{}s", kind.kind.to_lowercase());
+            }
+            if let Some(bad) = kind.keys.iter().find(|k| k.path.is_empty() || k.path.split('.').any(str::is_empty)) {
+                return Err(err(format!("{}: key path {:?} is not a dotted path", kind.kind, bad.path)));
+            }
+        }
+        Ok(profile)
+    }
+
+    pub fn kind(&self, kind: &str) -> Option<&KindProfile> {
+        self.kinds.iter().find(|k| k.kind == kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(kind: &str, json: &str) -> Vec<String> {
+        let profile = Profile::metal_operator();
+        let obj = RawObject::parse(json).unwrap();
+        profile.kind(kind).unwrap().keys_of(&obj).iter().map(|k| k.to_string()).collect()
+    }
+
+    #[test]
+    fn server_is_keyed_by_lowercased_system_uuid() {
+        let k = keys("Server", r#"{"metadata":{"name":"s1"},"spec":{"systemUUID":"38A1-BEEF"}}"#);
+        assert_eq!(k, ["spec.systemUUID=38a1-beef"]);
+        assert!(keys("Server", r#"{"metadata":{"name":"s1"},"spec":{}}"#).is_empty());
+    }
+
+    #[test]
+    fn bmc_falls_back_from_uuid_to_mac_to_serial() {
+        let full = r#"{"metadata":{"name":"b"},"spec":{"bmcUUID":"U-1","access":{"macAddress":"AA:BB"}},"status":{"serialNumber":"SN1"}}"#;
+        assert_eq!(keys("BMC", full), ["spec.bmcUUID=u-1", "spec.access.macAddress=aa:bb", "status.serialNumber=SN1"]);
+        let mac =
+            r#"{"metadata":{"name":"b"},"spec":{"access":{"macAddress":"AA:BB"}},"status":{"serialNumber":"SN1"}}"#;
+        assert_eq!(keys("BMC", mac)[0], "spec.access.macAddress=aa:bb");
+        let serial = r#"{"metadata":{"name":"b"},"spec":{"bmcUUID":""},"status":{"serialNumber":"SN1"}}"#;
+        assert_eq!(keys("BMC", serial), ["status.serialNumber=SN1"]);
+    }
+
+    #[test]
+    fn claims_are_keyed_by_namespace_and_name() {
+        let k = keys("ServerClaim", r#"{"metadata":{"name":"c1","namespace":"team-a"},"spec":{}}"#);
+        assert_eq!(k, ["namespace/name=team-a/c1"]);
+    }
+
+    #[test]
+    fn endpoint_is_keyed_by_mac() {
+        let k = keys("Endpoint", r#"{"metadata":{"name":"e"},"spec":{"macAddress":"AA:BB:CC:00:11:22"}}"#);
+        assert_eq!(k, ["spec.macAddress=aa:bb:cc:00:11:22"]);
+    }
+
+    #[test]
+    fn secrets_are_denied_whatever_the_profile() {
+        let profile = Profile::parse(
+            "test",
+            "name: t\nkinds:\n- {group: metal.ironcore.dev, version: v1alpha1, kind: BMCSecret}\n- {version: v1, kind: Secret, namespaced: true}\n- {group: apps, version: v1, kind: Deployment, namespaced: true}\n",
+        )
+        .unwrap();
+        let denied: Vec<bool> = profile.kinds.iter().map(KindProfile::is_denied).collect();
+        assert_eq!(denied, [true, true, false]);
+        assert_eq!(profile.kinds[1].list_path(), "/api/v1/secrets");
+        assert_eq!(profile.kinds[2].list_path(), "/apis/apps/v1/deployments");
+    }
+
+    #[test]
+    fn user_profile_with_custom_keys() {
+        let profile = Profile::parse(
+            "p.yaml",
+            r#"
+name: widgets
+kinds:
+  - group: example.com
+    version: v1
+    kind: Widget
+    plural: widgets
+    keys:
+      - {path: spec.serial, lowercase: true}
+      - {path: namespace/name}
+"#,
+        )
+        .unwrap();
+        let widget = &profile.kinds[0];
+        let obj = RawObject::parse(r#"{"metadata":{"name":"w"},"spec":{"serial":"XY"}}"#).unwrap();
+        let k: Vec<String> = widget.keys_of(&obj).iter().map(ToString::to_string).collect();
+        assert_eq!(k, ["spec.serial=xy", "namespace/name=w"]);
+    }
+
+    #[test]
+    fn bad_profiles_name_the_file_and_the_problem() {
+        let cases = [
+            ("name: x\nkinds: []\n", "lists no kinds"),
+            ("name: x\nkinds:\n- {version: v1}\n", "not a valid profile"),
+            ("name: x\nkinds:\n- {version: v1, kind: A, keys: [{path: 'spec..x'}]}\n", "not a dotted path"),
+            ("name: x\nkinds:\n- {version: v1, kind: A, colour: red}\n", "not a valid profile"),
+            (": : :", "not a valid profile"),
+        ];
+        for (text, expected) in cases {
+            let err = Profile::parse("bad.yaml", text).unwrap_err().to_string();
+            assert!(err.starts_with("profile bad.yaml: "), "{err}");
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
+        let missing = Profile::load("/nonexistent/profile.yaml").unwrap_err().to_string();
+        assert!(missing.contains("/nonexistent/profile.yaml") && missing.contains("cannot read"), "{missing}");
+    }
+}

@@ -1,0 +1,259 @@
+//! `restatus`: the command line. Thin: parse arguments, call the library, print, exit.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use restatus::backup::{self, BackupOptions};
+use restatus::format::SnapshotId;
+use restatus::identity::Profile;
+use restatus::output::{self, OutputFormat};
+use restatus::retention::{self, RetentionPolicy};
+use restatus::schedule::{self, Schedule};
+use restatus::store::{DEFAULT_STORAGE, SnapshotStore};
+use restatus::telemetry::{self, LogFormat};
+use tracing::info;
+
+#[derive(Parser)]
+#[command(
+    name = "restatus",
+    version,
+    about = "Keeps the status of Kubernetes objects safe across cluster moves and disasters"
+)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct Global {
+    /// Where snapshots live: s3://bucket/prefix, file:///path or memory://.
+    #[arg(long, env = "RESTATUS_STORAGE", default_value = DEFAULT_STORAGE, global = true)]
+    storage: String,
+    /// Names the cluster whose snapshots these are; several clusters can share a bucket.
+    #[arg(long, env = "RESTATUS_CLUSTER_ID", default_value = "default", global = true)]
+    cluster_id: String,
+    /// `metal-operator` (built in) or a profile file (YAML or JSON).
+    #[arg(long, env = "RESTATUS_PROFILE", default_value = "metal-operator", global = true)]
+    profile: String,
+    /// Kubeconfig file; default: KUBECONFIG, ~/.kube/config, or in-cluster.
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    #[arg(long, env = "RESTATUS_LOG_FORMAT", value_enum, default_value = "plain", global = true)]
+    log_format: LogFormat,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Takes one snapshot now. Exits 0 only when its manifest is written.
+    Backup(BackupArgs),
+    /// Takes snapshots on a cron schedule, in-process, until SIGTERM or Ctrl-C.
+    Schedule {
+        /// Five-field cron expression in UTC, with Kubernetes CronJob semantics.
+        #[arg(long)]
+        cron: String,
+        #[command(flatten)]
+        backup: BackupArgs,
+    },
+    /// Lists, shows, verifies and prunes snapshots.
+    #[command(subcommand)]
+    Snapshots(SnapshotsCommand),
+}
+
+#[derive(Args, Clone)]
+struct BackupArgs {
+    /// Objects per LIST page.
+    #[arg(long, default_value_t = 500)]
+    page_size: u32,
+    /// zstd level (1-19).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
+    zstd_level: i32,
+    #[command(flatten)]
+    retention: RetentionArgs,
+}
+
+#[derive(Args, Clone, Copy)]
+struct RetentionArgs {
+    /// After a successful backup, keep only the newest N complete snapshots.
+    #[arg(long)]
+    keep_last: Option<usize>,
+    /// After a successful backup, delete snapshots older than this (e.g. 7d, 12h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    max_age: Option<Duration>,
+}
+
+impl RetentionArgs {
+    fn policy(self) -> RetentionPolicy {
+        RetentionPolicy { keep_last: self.keep_last, max_age: self.max_age }
+    }
+}
+
+#[derive(Subcommand)]
+enum SnapshotsCommand {
+    /// Lists this cluster's snapshots, newest first.
+    List(OutputArgs),
+    /// Shows a snapshot's manifest (ID or `latest`).
+    Show {
+        id: String,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Verifies a snapshot end to end: manifest, size, sha256, decompression, every record.
+    Verify {
+        id: String,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Applies retention now.
+    Prune(RetentionArgs),
+}
+
+#[derive(Args)]
+struct OutputArgs {
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: OutputFormat,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.global.log_format);
+    match run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let g = &cli.global;
+    let store = SnapshotStore::open(&g.storage, &g.cluster_id)?;
+    match cli.command {
+        Command::Backup(args) => {
+            let (client, options) = backup_setup(g, &args).await?;
+            let manifest =
+                backup::run(&client, &store, &options).await.context("backup failed; no snapshot was written")?;
+            println!("{}", manifest.snapshot_id);
+            prune(&store, args.retention.policy()).await
+        }
+        Command::Schedule { cron, backup: args } => {
+            let schedule: Schedule = cron.parse()?;
+            let (client, options) = backup_setup(g, &args).await?;
+            let policy = args.retention.policy();
+            info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
+            let job = || async {
+                backup::run(&client, &store, &options).await?;
+                retention::apply(&store, policy).await.map(|_| ())
+            };
+            let runs = schedule::run(&schedule, job, shutdown_signal()).await;
+            info!(runs, "schedule stopped");
+            Ok(())
+        }
+        Command::Snapshots(command) => snapshots(&store, command).await,
+    }
+}
+
+async fn backup_setup(g: &Global, args: &BackupArgs) -> Result<(kube::Client, BackupOptions)> {
+    let profile = Profile::load(&g.profile)?;
+    let client = restatus::kubeconfig::client(g.kubeconfig.as_deref(), g.context.as_deref()).await?;
+    let options =
+        BackupOptions { page_size: args.page_size.max(1), zstd_level: args.zstd_level, ..BackupOptions::new(profile) };
+    Ok((client, options))
+}
+
+async fn prune(store: &SnapshotStore, policy: RetentionPolicy) -> Result<()> {
+    if policy.is_set() {
+        let deleted =
+            retention::apply(store, policy).await.context("retention failed (the new snapshot is written)")?;
+        for d in deleted {
+            eprintln!("deleted {} ({})", d.id, d.reason);
+        }
+    }
+    Ok(())
+}
+
+async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<()> {
+    match command {
+        SnapshotsCommand::List(out) => {
+            let entries = store.list().await?;
+            let rows = output::snapshot_rows(store, &entries).await;
+            match out.output {
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+                OutputFormat::Table => print!("{}", output::snapshot_table(&rows)),
+            }
+            Ok(())
+        }
+        SnapshotsCommand::Show { id, output: out } => {
+            let id = resolve(store, &id).await?;
+            let manifest = store.manifest(&id).await?;
+            match out.output {
+                OutputFormat::Json => println!("{}", String::from_utf8_lossy(&manifest.to_json())),
+                OutputFormat::Table => print!("{}", output::manifest_text(&manifest)),
+            }
+            Ok(())
+        }
+        SnapshotsCommand::Verify { id, output: out } => {
+            let id = resolve(store, &id).await?;
+            let result = store.load(&id, |_| Ok(())).await;
+            let (ok, detail) = match &result {
+                Ok(m) => (true, format!("{} records, sha256 {}", m.payload.records, m.payload.sha256)),
+                Err(e) => (false, e.to_string()),
+            };
+            match out.output {
+                OutputFormat::Json => {
+                    println!("{}", serde_json::json!({"snapshot": id.to_string(), "ok": ok, "detail": detail}))
+                }
+                OutputFormat::Table => {
+                    println!("{id}: {} ({detail})", if ok { "OK" } else { "FAILED" })
+                }
+            }
+            result.map(|_| ()).map_err(Into::into)
+        }
+        SnapshotsCommand::Prune(args) => {
+            if !args.policy().is_set() {
+                bail!("prune needs --keep-last and/or --max-age");
+            }
+            prune(store, args.policy()).await
+        }
+    }
+}
+
+/// A snapshot id, or `latest`: the newest snapshot with a manifest.
+async fn resolve(store: &SnapshotStore, id: &str) -> Result<SnapshotId> {
+    if id != "latest" {
+        return Ok(id.parse()?);
+    }
+    let entries = store.list().await?;
+    entries
+        .into_iter()
+        .rev()
+        .find(|e| e.complete)
+        .map(|e| e.id)
+        .with_context(|| format!("no complete snapshot for cluster {} in {}", store.cluster_id(), store.location()))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.unwrap_or(());
+}

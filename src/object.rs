@@ -1,0 +1,154 @@
+//! A read-only view of one Kubernetes object as the API server sent it, without parsing it into
+//! a `serde_json::Value`: the top level is split into raw fields, `metadata` is parsed, and
+//! nested fields are looked up on demand. `status` stays raw bytes from LIST to payload.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta<'a> {
+    #[serde(borrow, default)]
+    pub name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub namespace: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub uid: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub resource_version: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub generation: Option<i64>,
+    #[serde(borrow, default)]
+    pub creation_timestamp: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub deletion_timestamp: Option<Cow<'a, str>>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+/// One object: its metadata, and its other top-level fields as raw JSON.
+#[derive(Debug)]
+pub struct RawObject<'a> {
+    pub meta: ObjectMeta<'a>,
+    fields: HashMap<Cow<'a, str>, &'a RawValue>,
+}
+
+impl<'a> RawObject<'a> {
+    pub fn parse(json: &'a str) -> Result<Self, serde_json::Error> {
+        let mut fields: HashMap<Cow<'a, str>, &'a RawValue> = serde_json::from_str(json)?;
+        let meta = match fields.remove("metadata") {
+            Some(raw) => ObjectMeta::deserialize(raw)?,
+            None => ObjectMeta::default(),
+        };
+        Ok(RawObject { meta, fields })
+    }
+
+    /// `namespace/name`, or `name` for cluster-scoped objects.
+    pub fn namespaced_name(&self) -> String {
+        match &self.meta.namespace {
+            Some(ns) if !ns.is_empty() => format!("{ns}/{}", self.meta.name),
+            _ => self.meta.name.to_string(),
+        }
+    }
+
+    pub fn field(&self, name: &str) -> Option<&'a RawValue> {
+        self.fields.get(name).copied()
+    }
+
+    /// The status, unless absent, `null` or `{}`.
+    pub fn status(&self) -> Option<&'a RawValue> {
+        self.field("status").filter(|raw| !is_empty_json(raw.get()))
+    }
+
+    /// The value at a dotted path (`spec.access.macAddress`) if it is a non-empty string or a
+    /// number. `metadata.*` paths read the parsed metadata.
+    pub fn string_at(&self, path: &str) -> Option<String> {
+        let mut parts = path.split('.');
+        let first = parts.next()?;
+        if first == "metadata" {
+            let value = match parts.next()? {
+                "name" => Some(self.meta.name.to_string()),
+                "namespace" => self.meta.namespace.as_ref().map(|n| n.to_string()),
+                _ => None,
+            };
+            return value.filter(|v| !v.is_empty());
+        }
+        let mut raw = self.field(first)?;
+        for part in parts {
+            raw = lookup(raw, part)?;
+        }
+        scalar_string(raw)
+    }
+}
+
+/// `raw[key]` for a JSON object; `None` for anything else.
+fn lookup<'a>(raw: &'a RawValue, key: &str) -> Option<&'a RawValue> {
+    let map: HashMap<Cow<'a, str>, &'a RawValue> = serde_json::from_str(raw.get()).ok()?;
+    map.get(key).copied()
+}
+
+fn scalar_string(raw: &RawValue) -> Option<String> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar<'a> {
+        Text(#[serde(borrow)] Cow<'a, str>),
+        Number(serde_json::Number),
+    }
+    match serde_json::from_str::<Scalar>(raw.get()).ok()? {
+        Scalar::Text(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        Scalar::Text(_) => None,
+        Scalar::Number(n) => Some(n.to_string()),
+    }
+}
+
+/// `null`, `{}` (with any white space) count as no status.
+pub fn is_empty_json(json: &str) -> bool {
+    let compact: String = json.chars().filter(|c| !c.is_whitespace()).collect();
+    compact == "null" || compact == "{}"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SERVER: &str = r#"{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server",
+        "metadata":{"name":"server-1","uid":"u-1","resourceVersion":"42","generation":3,
+                    "labels":{"a":"b"},"annotations":{"metal.ironcore.dev/operation":"ignore"}},
+        "spec":{"systemUUID":"ABC-def","bmc":{"address":"10.0.0.1","protocol":{"port":623}}},
+        "status":{"state":"Available","networkInterfaces":[{"name":"eth0"}]}}"#;
+
+    #[test]
+    fn reads_metadata_and_nested_fields() {
+        let obj = RawObject::parse(SERVER).unwrap();
+        assert_eq!(obj.meta.name, "server-1");
+        assert_eq!(obj.meta.generation, Some(3));
+        assert_eq!(obj.namespaced_name(), "server-1");
+        assert_eq!(obj.string_at("spec.systemUUID").as_deref(), Some("ABC-def"));
+        assert_eq!(obj.string_at("spec.bmc.address").as_deref(), Some("10.0.0.1"));
+        assert_eq!(obj.string_at("spec.bmc.protocol.port").as_deref(), Some("623"));
+        assert_eq!(obj.string_at("spec.bmc.protocol"), None, "objects are not keys");
+        assert_eq!(obj.string_at("spec.missing"), None);
+        assert_eq!(obj.string_at("metadata.name").as_deref(), Some("server-1"));
+        assert!(obj.status().unwrap().get().contains("Available"));
+    }
+
+    #[test]
+    fn empty_status_counts_as_none() {
+        for status in ["null", "{}", "{ }", "{\n}"] {
+            let json = format!(r#"{{"metadata":{{"name":"x"}},"status":{status}}}"#);
+            assert!(RawObject::parse(&json).unwrap().status().is_none(), "{status}");
+        }
+        assert!(RawObject::parse(r#"{"metadata":{"name":"x"}}"#).unwrap().status().is_none());
+    }
+
+    #[test]
+    fn blank_strings_are_not_keys() {
+        let obj = RawObject::parse(r#"{"metadata":{"name":"x"},"spec":{"systemUUID":"  "}}"#).unwrap();
+        assert_eq!(obj.string_at("spec.systemUUID"), None);
+    }
+}

@@ -1,0 +1,185 @@
+//! What the CLI prints: snapshot listings and verification results, as tables or JSON.
+
+use serde::Serialize;
+
+use crate::format::Manifest;
+use crate::store::{SnapshotEntry, SnapshotStore};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+/// One line of `snapshots list`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRow {
+    pub id: String,
+    /// `complete`, `incomplete` (no manifest) or `unreadable`.
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub records: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncompressed_bytes: Option<u64>,
+    pub conflicts: usize,
+    pub skipped: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Reads each listed snapshot's manifest (small) to describe it. A manifest that cannot be
+/// read makes an `unreadable` row with the reason, not a failed listing.
+pub async fn snapshot_rows(store: &SnapshotStore, entries: &[SnapshotEntry]) -> Vec<SnapshotRow> {
+    let mut rows = Vec::with_capacity(entries.len());
+    for entry in entries.iter().rev() {
+        let mut row = SnapshotRow {
+            id: entry.id.to_string(),
+            state: "incomplete".into(),
+            created_at: entry.id.timestamp().map(|t| t.to_string()),
+            records: None,
+            payload_bytes: entry.payload_size,
+            uncompressed_bytes: None,
+            conflicts: 0,
+            skipped: 0,
+            error: None,
+        };
+        if entry.complete {
+            match store.manifest(&entry.id).await {
+                Ok(m) => fill(&mut row, &m),
+                Err(e) => {
+                    row.state = "unreadable".into();
+                    row.error = Some(e.to_string());
+                }
+            }
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+fn fill(row: &mut SnapshotRow, m: &Manifest) {
+    row.state = "complete".into();
+    row.created_at = Some(m.created_at.to_string());
+    row.records = Some(m.payload.records);
+    row.payload_bytes = Some(m.payload.size);
+    row.uncompressed_bytes = Some(m.payload.uncompressed_size);
+    row.conflicts = m.conflicts.len();
+    row.skipped = m.skipped.len();
+}
+
+pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
+    let body = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.clone(),
+                r.state.clone(),
+                r.created_at.clone().unwrap_or_default(),
+                r.records.map(|n| n.to_string()).unwrap_or_default(),
+                r.payload_bytes.map(human_bytes).unwrap_or_default(),
+                r.conflicts.to_string(),
+                r.skipped.to_string(),
+                r.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(&["ID", "STATE", "CREATED", "RECORDS", "SIZE", "CONFLICTS", "SKIPPED", "ERROR"], body)
+}
+
+/// `snapshots show` as text: the manifest's summary, per-kind counts, conflicts and skips.
+pub fn manifest_text(m: &Manifest) -> String {
+    let mut out = String::new();
+    let ratio = m.payload.size as f64 / m.payload.uncompressed_size.max(1) as f64;
+    out += &format!("Snapshot:     {}\n", m.snapshot_id);
+    out += &format!("Cluster:      {}\n", m.cluster_id);
+    out += &format!("Format:       {}\n", m.format_version);
+    out += &format!("Tool:         {} {}\n", m.tool, m.tool_version);
+    out += &format!("Profile:      {}\n", m.profile);
+    out += &format!("Created:      {}\n", m.created_at);
+    out += &format!("Completed:    {}\n", m.completed_at);
+    out += &format!(
+        "Payload:      {} ({} records, {} uncompressed, ratio {ratio:.3}, sha256 {})\n\n",
+        human_bytes(m.payload.size),
+        m.payload.records,
+        human_bytes(m.payload.uncompressed_size),
+        m.payload.sha256
+    );
+    let kinds = m
+        .kinds
+        .iter()
+        .map(|k| vec![k.kind.clone(), k.api_version.clone(), k.records.to_string(), k.skipped.to_string()])
+        .collect();
+    out += &table(&["KIND", "API VERSION", "RECORDS", "SKIPPED"], kinds);
+    if !m.conflicts.is_empty() {
+        out += "\nKey conflicts (restore treats these as ambiguous):\n";
+        for c in &m.conflicts {
+            let objects: Vec<String> = c.objects.iter().map(ToString::to_string).collect();
+            out += &format!("  {} {}: {}\n", c.kind, c.key, objects.join(", "));
+        }
+    }
+    if !m.skipped.is_empty() {
+        out += "\nSkipped:\n";
+        for s in &m.skipped {
+            let what = match (&s.namespace, &s.name) {
+                (Some(ns), Some(name)) => format!("{} {ns}/{name}", s.kind),
+                (None, Some(name)) => format!("{} {name}", s.kind),
+                _ => format!("{} (all)", s.kind),
+            };
+            out += &format!("  {what}: {}\n", s.reason);
+        }
+    }
+    out
+}
+
+/// Left-aligned columns separated by three spaces, like kubectl.
+pub fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| -> String {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        padded.join("   ").trim_end().to_string() + "\n"
+    };
+    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        out += &line(row);
+    }
+    out
+}
+
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns() {
+        let out = table(&["A", "LONGER"], vec![vec!["xyz".into(), "1".into()], vec!["q".into(), "22".into()]]);
+        assert_eq!(out, "A     LONGER\nxyz   1\nq     22\n");
+    }
+
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+}
