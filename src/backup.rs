@@ -10,11 +10,11 @@ use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
 use crate::capture::{Collector, ListPage, fetch_page, reasons};
-use crate::format::{FormatVersion, Manifest, PAYLOAD_FILE, PayloadEncoder, PayloadInfo, SnapshotId};
+use crate::format::{Manifest, PayloadEncoder, SnapshotId};
 use crate::identity::Profile;
 use crate::object::RawObject;
 use crate::store::SnapshotStore;
-use crate::{Error, Result, TOOL_NAME, TOOL_VERSION};
+use crate::{Error, Result};
 
 #[derive(Debug, Clone)]
 pub struct BackupOptions {
@@ -120,28 +120,8 @@ async fn finish(
         let _ = upload.abort().await;
         return Err(Error::io(format!("upload payload of snapshot {id} to {}", store.location()), e));
     }
-    let capture = collector.finish();
-    let manifest = Manifest {
-        format_version: FormatVersion::CURRENT,
-        cluster_id: store.cluster_id().to_string(),
-        snapshot_id: id.clone(),
-        created_at,
-        completed_at: Timestamp::now(),
-        tool: TOOL_NAME.into(),
-        tool_version: TOOL_VERSION.into(),
-        profile: profile.name.clone(),
-        kinds: capture.kinds,
-        payload: PayloadInfo {
-            file: PAYLOAD_FILE.into(),
-            encoding: "zstd+jsonl".into(),
-            size: summary.size,
-            uncompressed_size: summary.uncompressed_size,
-            sha256: summary.sha256,
-            records: summary.records,
-        },
-        skipped: capture.skipped,
-        conflicts: capture.conflicts,
-    };
+    let manifest =
+        Manifest::new(store.cluster_id(), id.clone(), created_at, &profile.name, collector.finish(), summary);
     store.put_manifest(&manifest).await?;
     Ok(manifest)
 }

@@ -36,7 +36,7 @@ pub struct Deletion {
     pub reason: String,
 }
 
-/// Plans deletions for `entries` (any order) at `now`.
+/// Plans deletions for `entries` (any order) at `now`, oldest first.
 pub fn plan(entries: &[SnapshotEntry], policy: RetentionPolicy, now: Timestamp) -> Vec<Deletion> {
     let age = |entry: &SnapshotEntry| -> Duration {
         let created = entry.id.timestamp().unwrap_or(entry.last_modified);
@@ -62,6 +62,7 @@ pub fn plan(entries: &[SnapshotEntry], policy: RetentionPolicy, now: Timestamp) 
             deletions.push(Deletion { id: entry.id.clone(), reason: "incomplete: no manifest".into() });
         }
     }
+    deletions.sort_by(|a, b| a.id.cmp(&b.id));
     deletions
 }
 

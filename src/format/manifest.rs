@@ -75,6 +75,38 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The manifest of a finished capture, stamped with this build's format and tool version.
+    pub fn new(
+        cluster_id: &str,
+        snapshot_id: SnapshotId,
+        created_at: Timestamp,
+        profile: &str,
+        capture: crate::capture::CaptureSummary,
+        payload: super::PayloadSummary,
+    ) -> Manifest {
+        Manifest {
+            format_version: FormatVersion::CURRENT,
+            cluster_id: cluster_id.to_string(),
+            snapshot_id,
+            created_at,
+            completed_at: Timestamp::now(),
+            tool: crate::TOOL_NAME.into(),
+            tool_version: crate::TOOL_VERSION.into(),
+            profile: profile.to_string(),
+            kinds: capture.kinds,
+            payload: PayloadInfo {
+                file: super::PAYLOAD_FILE.into(),
+                encoding: "zstd+jsonl".into(),
+                size: payload.size,
+                uncompressed_size: payload.uncompressed_size,
+                sha256: payload.sha256,
+                records: payload.records,
+            },
+            skipped: capture.skipped,
+            conflicts: capture.conflicts,
+        }
+    }
+
     /// Parses a manifest and refuses other major versions before looking at anything else,
     /// so a future format gets a clear "version" error rather than a confusing field error.
     pub fn from_json(snapshot: &str, bytes: &[u8]) -> Result<Manifest, Error> {

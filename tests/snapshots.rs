@@ -1,0 +1,263 @@
+//! Snapshot format and store, end to end on the in-memory object store: round trip, and every
+//! way a snapshot can be damaged, each with the error a reader must give.
+
+use bytes::Bytes;
+use jiff::Timestamp;
+use object_store::{ObjectStoreExt, PutPayload};
+use proptest::prelude::*;
+use restatus::Error;
+use restatus::capture::CaptureSummary;
+use restatus::format::{Manifest, PayloadEncoder, Record, SnapshotId};
+use restatus::identity::IdentityKey;
+use restatus::retention::{self, RetentionPolicy};
+use restatus::store::SnapshotStore;
+use serde_json::value::RawValue;
+
+fn store(cluster: &str) -> SnapshotStore {
+    SnapshotStore::open("memory://", cluster).unwrap()
+}
+
+fn record(i: usize, status: &str) -> Record {
+    Record {
+        api_version: "metal.ironcore.dev/v1alpha1".into(),
+        kind: "Server".into(),
+        namespace: None,
+        name: format!("server-{i}"),
+        keys: vec![IdentityKey { field: "spec.systemUUID".into(), value: format!("uuid-{i}") }],
+        uid: Some(format!("uid-{i}")),
+        resource_version: Some("1".into()),
+        generation: Some(1),
+        creation_timestamp: Some("2026-11-30T09:00:00Z".into()),
+        labels: Default::default(),
+        annotations: Default::default(),
+        status: RawValue::from_string(status.to_string()).unwrap(),
+    }
+}
+
+fn encode(records: &[Record]) -> (Vec<u8>, restatus::format::PayloadSummary) {
+    let mut encoder = PayloadEncoder::new(3).unwrap();
+    let mut out = Vec::new();
+    for r in records {
+        encoder.push(r).unwrap();
+        out.extend(encoder.take_output());
+    }
+    let (tail, summary) = encoder.finish().unwrap();
+    out.extend(tail);
+    (out, summary)
+}
+
+fn empty_capture() -> CaptureSummary {
+    CaptureSummary { kinds: vec![], skipped: vec![], conflicts: vec![] }
+}
+
+/// Writes a snapshot the way a backup does: payload, then manifest.
+async fn write(store: &SnapshotStore, at: &str, records: &[Record]) -> Manifest {
+    let id = SnapshotId::new(at.parse().unwrap());
+    let (payload, summary) = encode(records);
+    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
+    let manifest = Manifest::new(store.cluster_id(), id, at.parse().unwrap(), "test", empty_capture(), summary);
+    store.put_manifest(&manifest).await.unwrap();
+    manifest
+}
+
+async fn replace(store: &SnapshotStore, path: &object_store::path::Path, bytes: Vec<u8>) {
+    store.object_store().put(path, PutPayload::from(Bytes::from(bytes))).await.unwrap();
+}
+
+async fn load_err(store: &SnapshotStore, id: &SnapshotId) -> String {
+    store.load(id, |_| Ok(())).await.unwrap_err().to_string()
+}
+
+fn statuses() -> impl Strategy<Value = String> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        "[a-zA-Z0-9 :./\\-\"\\\\é\n]{0,20}".prop_map(serde_json::Value::from),
+    ];
+    let tree = leaf.prop_recursive(4, 64, 8, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+            prop::collection::btree_map("[a-zA-Z]{1,8}", inner, 0..6)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    });
+    tree.prop_map(|v| serde_json::json!({ "state": "Available", "x": v }).to_string())
+}
+
+proptest! {
+    #[test]
+    fn records_round_trip(statuses in prop::collection::vec(statuses(), 0..40), ns in proptest::option::of("[a-z]{1,10}")) {
+        let records: Vec<Record> = statuses.iter().enumerate().map(|(i, s)| Record { namespace: ns.clone(), ..record(i, s) }).collect();
+        let (payload, summary) = encode(&records);
+        let id = SnapshotId::new(Timestamp::now());
+        let manifest = Manifest::new("c", id, Timestamp::now(), "test", empty_capture(), summary);
+        let mut decoded = Vec::new();
+        let n = restatus::format::decode_records(&manifest, &payload, |r| { decoded.push(r); Ok(()) }).unwrap();
+        prop_assert_eq!(n as usize, records.len());
+        for (a, b) in records.iter().zip(&decoded) {
+            prop_assert_eq!(serde_json::to_string(a).unwrap(), serde_json::to_string(b).unwrap());
+            prop_assert_eq!(a.status.get(), b.status.get(), "status bytes must be carried verbatim");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_written_snapshot_lists_loads_and_verifies() {
+    let store = store("prod-1");
+    let records: Vec<_> = (0..100).map(|i| record(i, r#"{"state":"Reserved"}"#)).collect();
+    let manifest = write(&store, "2026-11-30T09:00:00Z", &records).await;
+    let listed = store.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].complete);
+    let mut names = Vec::new();
+    let loaded = store.load(&manifest.snapshot_id, |r| Ok(names.push(r.name))).await.unwrap();
+    assert_eq!(loaded, manifest);
+    assert_eq!(names.len(), 100);
+    assert_eq!(names[42], "server-42");
+}
+
+#[tokio::test]
+async fn a_flipped_byte_fails_the_checksum_before_decompressing() {
+    let store = store("c");
+    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"a":1}"#)]).await;
+    let path = store.payload_path(&m.snapshot_id);
+    let mut bytes = store.payload(&m.snapshot_id).await.unwrap().to_vec();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    replace(&store, &path, bytes).await;
+    let err = load_err(&store, &m.snapshot_id).await;
+    assert!(err.contains(m.snapshot_id.as_str()) && err.contains("sha256"), "{err}");
+}
+
+#[tokio::test]
+async fn a_truncated_payload_is_reported_as_truncated() {
+    let store = store("c");
+    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"a":1}"#), record(2, r#"{"b":2}"#)]).await;
+    let bytes = store.payload(&m.snapshot_id).await.unwrap();
+    replace(&store, &store.payload_path(&m.snapshot_id), bytes[..bytes.len() - 7].to_vec()).await;
+    let err = load_err(&store, &m.snapshot_id).await;
+    assert!(err.contains(m.snapshot_id.as_str()) && err.contains("truncated"), "{err}");
+}
+
+#[tokio::test]
+async fn a_payload_without_manifest_does_not_exist_for_readers() {
+    let store = store("c");
+    let id = SnapshotId::new("2026-11-30T09:00:00Z".parse().unwrap());
+    let (payload, _) = encode(&[record(1, "{}")]);
+    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
+    let listed = store.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(!listed[0].complete, "a payload alone must not look complete");
+    match store.manifest(&id).await {
+        Err(Error::SnapshotNotFound(s)) => assert_eq!(s, id.to_string()),
+        other => panic!("expected SnapshotNotFound, got {other:?}"),
+    }
+    assert!(load_err(&store, &id).await.contains("not found (no manifest)"));
+}
+
+#[tokio::test]
+async fn a_manifest_of_a_future_major_version_is_refused_by_name() {
+    let store = store("c");
+    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
+    json["formatVersion"] = "2.0".into();
+    json["somethingNew"] = serde_json::json!({"a": 1});
+    replace(&store, &store.manifest_path(&m.snapshot_id), serde_json::to_vec(&json).unwrap()).await;
+    let err = load_err(&store, &m.snapshot_id).await;
+    assert!(err.contains("format version 2.0 is not supported") && err.contains("reads format 1.x"), "{err}");
+    assert!(err.contains(m.snapshot_id.as_str()), "{err}");
+
+    // A newer minor of the same major is read (unknown fields ignored).
+    json["formatVersion"] = "1.7".into();
+    replace(&store, &store.manifest_path(&m.snapshot_id), serde_json::to_vec(&json).unwrap()).await;
+    store.load(&m.snapshot_id, |_| Ok(())).await.expect("minor versions are compatible");
+}
+
+#[tokio::test]
+async fn a_payload_that_inflates_past_its_declared_size_is_stopped() {
+    // A zstd bomb with a consistent checksum: 64 MiB of zeros compresses to a few KiB, while
+    // the manifest declares 1 KiB. The reader must stop at the declared size.
+    let store = store("c");
+    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let bomb = zstd::encode_all(std::io::repeat(b'x').take_bytes(64 << 20), 3).unwrap();
+    replace(&store, &store.payload_path(&m.snapshot_id), bomb.clone()).await;
+    let mut manifest = m.clone();
+    manifest.payload.size = bomb.len() as u64;
+    manifest.payload.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bomb));
+    manifest.payload.uncompressed_size = 1024;
+    replace(&store, &store.manifest_path(&m.snapshot_id), manifest.to_json()).await;
+    let err = load_err(&store, &m.snapshot_id).await;
+    assert!(err.contains("more than the 1024 bytes"), "{err}");
+}
+
+#[tokio::test]
+async fn garbage_that_passes_the_checksum_is_still_rejected() {
+    let store = store("c");
+    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let garbage = b"definitely not zstd".to_vec();
+    replace(&store, &store.payload_path(&m.snapshot_id), garbage.clone()).await;
+    let mut manifest = m.clone();
+    manifest.payload.size = garbage.len() as u64;
+    manifest.payload.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&garbage));
+    replace(&store, &store.manifest_path(&m.snapshot_id), manifest.to_json()).await;
+    let err = load_err(&store, &m.snapshot_id).await;
+    assert!(err.contains(m.snapshot_id.as_str()) && err.contains("decompress"), "{err}");
+}
+
+#[tokio::test]
+async fn a_snapshot_of_another_cluster_is_foreign() {
+    let store_a = store("cluster-a");
+    let m = write(&store_a, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    // Copy the whole snapshot under cluster-b's folder of the same bucket.
+    let store_b = SnapshotStore::new(store_a.object_store().clone(), "", "cluster-b", "memory://".into()).unwrap();
+    let payload = store_a.payload(&m.snapshot_id).await.unwrap();
+    replace(&store_b, &store_b.payload_path(&m.snapshot_id), payload.to_vec()).await;
+    replace(&store_b, &store_b.manifest_path(&m.snapshot_id), m.to_json()).await;
+    let err = load_err(&store_b, &m.snapshot_id).await;
+    assert!(err.contains("belongs to cluster \"cluster-a\", not to \"cluster-b\""), "{err}");
+}
+
+#[tokio::test]
+async fn a_manifest_is_never_overwritten() {
+    let store = store("c");
+    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let err = store.put_manifest(&m).await.unwrap_err().to_string();
+    assert!(err.contains(m.snapshot_id.as_str()), "{err}");
+}
+
+#[tokio::test]
+async fn clusters_sharing_a_bucket_do_not_see_each_other() {
+    let a = store("a");
+    let b = SnapshotStore::new(a.object_store().clone(), "", "b", "memory://".into()).unwrap();
+    write(&a, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    write(&b, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    write(&b, "2026-11-30T10:00:00Z", &[record(1, "{}")]).await;
+    assert_eq!(a.list().await.unwrap().len(), 1);
+    assert_eq!(b.list().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn retention_deletes_old_snapshots_and_keeps_the_newest() {
+    let store = store("c");
+    let mut ids = Vec::new();
+    for hour in 1..=5 {
+        ids.push(write(&store, &format!("2026-11-30T0{hour}:00:00Z"), &[record(1, "{}")]).await.snapshot_id);
+    }
+    let deleted = retention::apply(&store, RetentionPolicy { keep_last: Some(2), max_age: None }).await.unwrap();
+    assert_eq!(deleted.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), ids[..3].to_vec());
+    let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
+    assert_eq!(left, ids[3..].to_vec());
+    // Everything is far older than a day, yet the newest complete snapshot stays.
+    let policy = RetentionPolicy { keep_last: None, max_age: Some(std::time::Duration::from_secs(1)) };
+    retention::apply(&store, policy).await.unwrap();
+    let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
+    assert_eq!(left, vec![ids[4].clone()]);
+}
+
+trait TakeBytes: std::io::Read + Sized {
+    fn take_bytes(self, n: u64) -> std::io::Take<Self> {
+        std::io::Read::take(self, n)
+    }
+}
+impl<R: std::io::Read> TakeBytes for R {}
