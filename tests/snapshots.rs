@@ -111,7 +111,13 @@ async fn a_written_snapshot_lists_loads_and_verifies() {
     assert_eq!(listed.len(), 1);
     assert!(listed[0].complete);
     let mut names = Vec::new();
-    let loaded = store.load(&manifest.snapshot_id, |r| Ok(names.push(r.name))).await.unwrap();
+    let loaded = store
+        .load(&manifest.snapshot_id, |r| {
+            names.push(r.name);
+            Ok(())
+        })
+        .await
+        .unwrap();
     assert_eq!(loaded, manifest);
     assert_eq!(names.len(), 100);
     assert_eq!(names[42], "server-42");
