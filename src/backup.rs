@@ -117,7 +117,8 @@ async fn finish(
     }
     .await;
     if let Err(e) = uploaded {
-        let _ = upload.abort().await;
+        // Not aborted: after a failed shutdown object_store has nothing left to abort (a single
+        // PUT failed, or completing the multipart upload did). No manifest is written either way.
         return Err(Error::io(format!("upload payload of snapshot {id} to {}", store.location()), e));
     }
     let manifest =

@@ -1,0 +1,297 @@
+//! Backup on the real test bed: a 300-object fleet through real S3, the CLI's snapshot
+//! commands, retention, the schedule, secrets, least-privilege RBAC and failures.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use kube::api::ListParams;
+use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
+use restatus::identity::Profile;
+use serde_json::Value;
+
+use crate::bed::{Bed, assert_success, records, stderr, stdout, unique};
+
+/// Live status of every object of a fleet, by `Kind namespace/name`.
+async fn live_statuses(client: &kube::Client, fleet: &str) -> BTreeMap<String, Value> {
+    let profile = Profile::metal_operator();
+    let mut out = BTreeMap::new();
+    for kind in ["BMC", "Server", "ServerClaim"] {
+        let api = fleet::api_for(client, profile.kind(kind).unwrap(), None);
+        let list = api.list(&ListParams::default().labels(&format!("{FLEET_LABEL}={fleet}"))).await.unwrap();
+        for obj in list {
+            let name = match &obj.metadata.namespace {
+                Some(ns) => format!("{kind} {ns}/{}", obj.metadata.name.clone().unwrap()),
+                None => format!("{kind} {}", obj.metadata.name.clone().unwrap()),
+            };
+            out.insert(name, obj.data["status"].clone());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn backup_of_a_300_object_fleet_round_trips_through_s3() {
+    let bed = Bed::get();
+    let client = bed.source().await;
+    let spec = FleetSpec::new(&unique("e2e"), 120, 120, 60);
+    assert_eq!(spec.total(), 300);
+    fleet::create(&client, &spec, 16).await.expect("create fleet");
+    let live = live_statuses(&client, &spec.name).await;
+    assert_eq!(live.len(), 300);
+
+    let storage = bed.storage("fleet300");
+    let out = bed.restatus(&storage, "mgmt", &["backup"]);
+    assert_success(&out, "backup");
+    let id = stdout(&out).trim().to_string();
+
+    // The snapshot verifies end to end and holds every fleet object with its exact status.
+    let store = bed.store(&storage, "mgmt");
+    let (manifest, records) = records(&store, &id).await;
+    assert_eq!(manifest.cluster_id, "mgmt");
+    assert_eq!(manifest.payload.records as usize, records.len());
+    let mine: BTreeMap<String, &restatus::format::Record> = records
+        .iter()
+        .filter(|r| r.name.starts_with(&spec.name))
+        .map(|r| (format!("{} {}", r.kind, r.object_name()), r))
+        .collect();
+    assert_eq!(mine.len(), 300, "every fleet object is captured once");
+    for (name, status) in &live {
+        let record = mine.get(name).unwrap_or_else(|| panic!("{name} missing from the snapshot"));
+        let captured: Value = serde_json::from_str(record.status.get()).unwrap();
+        assert_eq!(&captured, status, "{name}: captured status differs from the live one");
+        assert!(record.uid.is_some() && record.resource_version.is_some() && record.creation_timestamp.is_some());
+    }
+    let server = mine[&format!("Server {}", spec.server_name(3))];
+    let expected_uuid = spec.server(3).0["spec"]["systemUUID"].as_str().unwrap().to_lowercase();
+    assert_eq!(server.keys[0].to_string(), format!("spec.systemUUID={expected_uuid}"));
+    let claim_ns = spec.claim_ref(1).0;
+    assert!(mine.contains_key(&format!("ServerClaim {claim_ns}/{}", spec.claim_ref(1).1)));
+    let kinds: BTreeMap<_, _> = manifest.kinds.iter().map(|k| (k.kind.as_str(), k.records)).collect();
+    assert!(kinds["Server"] >= 120 && kinds["BMC"] >= 120 && kinds["ServerClaim"] >= 60, "{kinds:?}");
+    assert!(manifest.payload.size * 5 < manifest.payload.uncompressed_size, "zstd should compress inventory well");
+
+    // The CLI's views agree.
+    let list = bed.restatus(&storage, "mgmt", &["snapshots", "list", "-o", "json"]);
+    assert_success(&list, "snapshots list");
+    let rows: Vec<Value> = serde_json::from_str(&stdout(&list)).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["id"], id.as_str());
+    assert_eq!(rows[0]["state"], "complete");
+    assert_eq!(rows[0]["records"], manifest.payload.records);
+    let table = bed.restatus(&storage, "mgmt", &["snapshots", "list"]);
+    assert!(stdout(&table).lines().nth(1).unwrap().starts_with(&id), "{}", stdout(&table));
+    let verify = bed.restatus(&storage, "mgmt", &["snapshots", "verify", &id]);
+    assert_success(&verify, "snapshots verify");
+    assert!(stdout(&verify).contains("OK"), "{}", stdout(&verify));
+    let show = bed.restatus(&storage, "mgmt", &["snapshots", "show", "latest", "-o", "json"]);
+    assert_success(&show, "snapshots show");
+    let shown: Value = serde_json::from_str(&stdout(&show)).unwrap();
+    assert_eq!(shown["payload"]["sha256"], manifest.payload.sha256.as_str());
+
+    // A damaged payload in real S3 fails verification, naming the snapshot.
+    let payload = store.payload(&manifest.snapshot_id).await.unwrap();
+    let mut damaged = payload.to_vec();
+    damaged[100] ^= 0xff;
+    object_store::ObjectStoreExt::put(
+        store.object_store().as_ref(),
+        &store.payload_path(&manifest.snapshot_id),
+        damaged.into(),
+    )
+    .await
+    .unwrap();
+    let verify = bed.restatus(&storage, "mgmt", &["snapshots", "verify", &id]);
+    assert!(!verify.status.success());
+    assert!(stdout(&verify).contains("FAILED") && stderr(&verify).contains(&id), "{}", stderr(&verify));
+}
+
+#[tokio::test]
+async fn retention_keeps_the_newest_snapshots() {
+    let bed = Bed::get();
+    let storage = bed.storage("retention");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let out = bed.restatus(&storage, "ret", &["backup", "--keep-last", "2"]);
+        assert_success(&out, "backup");
+        ids.push(stdout(&out).trim().to_string());
+        // Snapshot ids have second precision; keep them apart.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    let store = bed.store(&storage, "ret");
+    let left: Vec<String> = store.list().await.unwrap().iter().map(|e| e.id.to_string()).collect();
+    assert_eq!(left, ids[1..].to_vec());
+    let out = bed.restatus(&storage, "ret", &["snapshots", "prune", "--max-age", "1s"]);
+    assert_success(&out, "prune");
+    let left: Vec<String> = store.list().await.unwrap().iter().map(|e| e.id.to_string()).collect();
+    assert_eq!(left, ids[2..].to_vec(), "the newest complete snapshot is never deleted");
+}
+
+#[tokio::test]
+async fn secrets_are_never_captured_even_when_a_profile_names_them() {
+    let bed = Bed::get();
+    let client = bed.source().await;
+    let name = unique("e2e-bmcsecret");
+    let secret_value = "s3cr3t-p4ssw0rd-do-not-leak";
+    let encoded = base64::engine::general_purpose::STANDARD.encode(secret_value);
+    let bmc_secret = serde_json::json!({
+        "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
+        "metadata": {"name": name}, "data": {"username": encoded, "password": encoded},
+    });
+    let profile = Profile::parse(
+        "inline",
+        "name: greedy\nkinds:\n- {group: metal.ironcore.dev, version: v1alpha1, kind: BMCSecret, plural: bmcsecrets}\n- {version: v1, kind: Secret, plural: secrets, namespaced: true}\n- {group: metal.ironcore.dev, version: v1alpha1, kind: Server, plural: servers, keys: [{path: spec.systemUUID}]}\n",
+    )
+    .unwrap();
+    let api = fleet::api_for(&client, &profile.kinds[0], None);
+    api.create(&Default::default(), &serde_json::from_value(bmc_secret).unwrap()).await.unwrap();
+    let path = bed.scratch.path().join("greedy.yaml");
+    std::fs::write(&path, serde_json::to_string(&profile).unwrap()).unwrap();
+
+    let storage = bed.storage("secrets");
+    let out = bed.restatus(&storage, "sec", &["backup", "--profile", path.to_str().unwrap()]);
+    assert_success(&out, "backup");
+    let store = bed.store(&storage, "sec");
+    let (manifest, records) = records(&store, stdout(&out).trim()).await;
+    assert!(records.iter().all(|r| r.kind == "Server"));
+    let skipped: Vec<_> =
+        manifest.skipped.iter().filter(|s| s.name.is_none()).map(|s| (s.kind.as_str(), s.reason.as_str())).collect();
+    assert!(skipped.contains(&("BMCSecret", restatus::capture::reasons::SECRET_KIND)), "{skipped:?}");
+    assert!(skipped.contains(&("Secret", restatus::capture::reasons::SECRET_KIND)), "{skipped:?}");
+    let raw = zstd::decode_all(&store.payload(&manifest.snapshot_id).await.unwrap()[..]).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(!text.contains(secret_value) && !text.contains(&encoded), "secret data reached the payload");
+}
+
+#[tokio::test]
+async fn least_privilege_service_account_can_back_up_and_cannot_read_secrets() {
+    let bed = Bed::get();
+    let manifests = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base");
+    let apply = bed.kubectl(&bed.source_kubeconfig, &["apply", "-k", manifests]);
+    assert_success(&apply, "kubectl apply -k manifests/base");
+    let token = bed.kubectl(&bed.source_kubeconfig, &["-n", "restatus", "create", "token", "restatus-backup"]);
+    assert_success(&token, "kubectl create token");
+    let kubeconfig = bed.kubeconfig_with_token("restatus-backup", stdout(&token).trim());
+
+    let storage = bed.storage("rbac");
+    let out = bed.restatus_with(&kubeconfig, &storage, "rbac", &["backup"], &[]);
+    assert_success(&out, "backup as the restatus-backup ServiceAccount");
+    let store = bed.store(&storage, "rbac");
+    let (manifest, _) = records(&store, stdout(&out).trim()).await;
+    assert!(manifest.kinds.iter().any(|k| k.kind == "Server" && k.records > 0));
+
+    // Nothing beyond reading the profile's kinds.
+    for args in [
+        vec!["get", "secrets", "-A"],
+        vec!["-n", "restatus", "get", "secret", "restatus-s3"],
+        vec!["get", "bmcsecrets.metal.ironcore.dev"],
+        vec!["get", "configmaps", "-A"],
+    ] {
+        let out = bed.kubectl(&kubeconfig, &args);
+        assert!(!out.status.success() && stderr(&out).contains("forbidden"), "{args:?} was allowed: {}", stdout(&out));
+    }
+    for verb_resource in [
+        "patch servers.metal.ironcore.dev",
+        "update servers.metal.ironcore.dev/status",
+        "delete bmcs.metal.ironcore.dev",
+        "create serverclaims.metal.ironcore.dev",
+    ] {
+        let mut args = vec!["auth", "can-i"];
+        args.extend(verb_resource.split(' '));
+        let out = bed.kubectl(&kubeconfig, &args);
+        assert_eq!(stdout(&out).trim(), "no", "ServiceAccount may {verb_resource}");
+    }
+
+    // A failure in the middle (a kind this account may not list, after others were uploaded)
+    // leaves no manifest: the half-written backup never looks complete.
+    let profile = bed.scratch.path().join("too-much.yaml");
+    std::fs::write(
+        &profile,
+        "name: too-much\nkinds:\n- {group: metal.ironcore.dev, version: v1alpha1, kind: Server, plural: servers, keys: [{path: spec.systemUUID}]}\n- {group: metal.ironcore.dev, version: v1alpha1, kind: BIOSSettings, plural: biossettings}\n",
+    )
+    .unwrap();
+    let storage = bed.storage("rbac-fail");
+    let out =
+        bed.restatus_with(&kubeconfig, &storage, "rbac", &["backup", "--profile", profile.to_str().unwrap()], &[]);
+    assert!(!out.status.success(), "backup must fail");
+    assert!(
+        stderr(&out).contains("list BIOSSettings.metal.ironcore.dev") && stderr(&out).contains("forbidden"),
+        "{}",
+        stderr(&out)
+    );
+    let entries = bed.store(&storage, "rbac").list().await.unwrap();
+    assert!(entries.iter().all(|e| !e.complete), "a failed backup left a manifest: {entries:?}");
+}
+
+#[tokio::test]
+async fn unreachable_s3_fails_the_backup_without_a_manifest() {
+    let bed = Bed::get();
+    let storage = bed.storage("s3-down");
+    let started = Instant::now();
+    let out = bed.restatus_with(
+        &bed.source_kubeconfig,
+        &storage,
+        "down",
+        &["backup"],
+        &[("S3_ENDPOINT", "http://127.0.0.1:9"), ("AWS_ENDPOINT_URL", "http://127.0.0.1:9")],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("backup failed; no snapshot was written") && err.contains("127.0.0.1:9"), "{err}");
+    assert!(!err.contains(&std::env::var("AWS_SECRET_ACCESS_KEY").unwrap()), "credentials in the log");
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    assert!(bed.store(&storage, "down").list().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn unreachable_api_server_fails_the_backup_without_a_manifest() {
+    let bed = Bed::get();
+    let kubeconfig = bed.scratch.path().join("nowhere.kubeconfig");
+    let mut config = kube::config::Kubeconfig::read_from(&bed.source_kubeconfig).unwrap();
+    for cluster in &mut config.clusters {
+        if let Some(c) = cluster.cluster.as_mut() {
+            c.server = Some("https://127.0.0.1:9".into());
+        }
+    }
+    std::fs::write(&kubeconfig, serde_json::to_vec(&config).unwrap()).unwrap();
+    let storage = bed.storage("api-down");
+    let out = bed.restatus_with(&kubeconfig, &storage, "down", &["backup"], &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("Kubernetes API: list"), "{}", stderr(&out));
+    assert!(bed.store(&storage, "down").list().await.unwrap().iter().all(|e| !e.complete));
+}
+
+#[tokio::test]
+async fn schedule_takes_a_backup_at_the_next_minute_and_stops_on_sigterm() {
+    let bed = Bed::get();
+    let storage = bed.storage("schedule");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args(["schedule", "--cron", "* * * * *", "--kubeconfig"])
+        .arg(&bed.source_kubeconfig)
+        .env("RESTATUS_STORAGE", &storage)
+        .env("RESTATUS_CLUSTER_ID", "sched")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let store = bed.store(&storage, "sched");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut complete = 0;
+    while Instant::now() < deadline && complete == 0 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        complete = store.list().await.unwrap().iter().filter(|e| e.complete).count();
+    }
+    assert_eq!(complete, 1, "no scheduled snapshot within 90 s");
+    let id = store.list().await.unwrap()[0].id.clone();
+    let second = id.timestamp().unwrap().to_zoned(jiff::tz::TimeZone::UTC).second();
+    assert!(second < 5, "snapshot {id} did not start at the top of a minute");
+    // SIGTERM while waiting for the next minute: a prompt, clean exit.
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(stopped.elapsed() < Duration::from_secs(20), "schedule did not stop on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "schedule exited with {status}");
+}

@@ -1,0 +1,127 @@
+//! Access to the test bed started by `scripts/testbed up`: clusters, S3, the restatus binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kube::config::Kubeconfig;
+use restatus::format::{Manifest, Record};
+use restatus::store::SnapshotStore;
+
+pub struct Bed {
+    pub source_kubeconfig: PathBuf,
+    pub bucket: String,
+    pub kubectl: PathBuf,
+    pub scratch: tempfile::TempDir,
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: the e2e tests need the test bed. Run `scripts/test`, or \
+             `scripts/testbed up && source \"$(scripts/testbed env)\"` and then `cargo test --features e2e`"
+        )
+    })
+}
+
+impl Bed {
+    pub fn get() -> Bed {
+        let kubectl = std::env::var("RESTATUS_BIN")
+            .map(|bin| Path::new(&bin).join("kubectl"))
+            .unwrap_or_else(|_| PathBuf::from("kubectl"));
+        for var in ["S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+            env(var);
+        }
+        Bed {
+            source_kubeconfig: env("KUBECONFIG_SOURCE").into(),
+            bucket: env("RESTATUS_BUCKET"),
+            kubectl,
+            scratch: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    pub async fn source(&self) -> kube::Client {
+        restatus::kubeconfig::client(Some(&self.source_kubeconfig), None).await.expect("source cluster client")
+    }
+
+    /// A storage URL of its own for one test: tests share the bucket, never a prefix.
+    pub fn storage(&self, test: &str) -> String {
+        format!("s3://{}/{}", self.bucket, unique(test))
+    }
+
+    pub fn store(&self, storage: &str, cluster: &str) -> SnapshotStore {
+        SnapshotStore::open(storage, cluster).expect("open S3 store")
+    }
+
+    /// Runs the restatus binary against the source cluster with the test bed's S3 environment.
+    pub fn restatus(&self, storage: &str, cluster: &str, args: &[&str]) -> Output {
+        self.restatus_with(&self.source_kubeconfig, storage, cluster, args, &[])
+    }
+
+    pub fn restatus_with(
+        &self,
+        kubeconfig: &Path,
+        storage: &str,
+        cluster: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_restatus"));
+        cmd.args(args)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("RESTATUS_STORAGE", storage)
+            .env("RESTATUS_CLUSTER_ID", cluster);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run restatus")
+    }
+
+    pub fn kubectl(&self, kubeconfig: &Path, args: &[&str]) -> Output {
+        Command::new(&self.kubectl).arg("--kubeconfig").arg(kubeconfig).args(args).output().expect("run kubectl")
+    }
+
+    /// A copy of the source kubeconfig that authenticates with `token` instead of the admin's.
+    pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> PathBuf {
+        let mut config = Kubeconfig::read_from(&self.source_kubeconfig).expect("read source kubeconfig");
+        for auth in &mut config.auth_infos {
+            if let Some(info) = auth.auth_info.as_mut() {
+                *info = serde_json::from_value(serde_json::json!({ "token": token })).expect("auth info");
+            }
+        }
+        let path = self.scratch.path().join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, serde_json::to_vec(&config).expect("kubeconfig json")).expect("write kubeconfig");
+        path
+    }
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff)
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[track_caller]
+pub fn assert_success(out: &Output, what: &str) {
+    assert!(out.status.success(), "{what} failed ({}):\nstdout: {}\nstderr: {}", out.status, stdout(out), stderr(out));
+}
+
+/// Loads a snapshot fully verified and returns its records.
+pub async fn records(store: &SnapshotStore, manifest_id: &str) -> (Manifest, Vec<Record>) {
+    let id = manifest_id.trim().parse().expect("snapshot id");
+    let mut records = Vec::new();
+    let manifest = store
+        .load(&id, |r| {
+            records.push(r);
+            Ok(())
+        })
+        .await
+        .expect("snapshot loads and verifies");
+    (manifest, records)
+}

@@ -1,0 +1,5 @@
+//! End-to-end tests on the real test bed: two kube-apiservers with etcd, and a real S3 server.
+//! Run through `scripts/test`, which starts the test bed and exports its environment.
+
+mod backup;
+mod bed;
