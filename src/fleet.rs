@@ -226,7 +226,8 @@ fn ip(first: u8, h: u64) -> String {
 }
 
 /// Creates the fleet on a cluster: namespaces, objects, then their status through the status
-/// subresource. `concurrency` requests are in flight at once. Existing objects are an error.
+/// subresource. `concurrency` requests are in flight at once. Objects that exist already keep
+/// their spec and get the fleet's status again, so creating a fleet twice is harmless.
 pub async fn create(client: &kube::Client, spec: &FleetSpec, concurrency: usize) -> Result<()> {
     let profile = Profile::metal_operator();
     for ns in &spec.namespaces {
@@ -265,7 +266,12 @@ async fn create_with_status(client: &kube::Client, kind: KindProfile, object: Va
         name: name.clone(),
         reason: e.to_string(),
     })?;
-    api.create(&PostParams::default(), &object).await.map_err(|e| Error::kube(context("create"), e))?;
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => {}
+        // Creating a fleet twice converges: the object is kept, its status set again.
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+        Err(e) => return Err(Error::kube(context("create"), e)),
+    }
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
         .await
         .map_err(|e| Error::kube(context("set status of"), e))?;
