@@ -9,6 +9,7 @@ use restatus::store::SnapshotStore;
 
 pub struct Bed {
     pub source_kubeconfig: PathBuf,
+    pub target_kubeconfig: PathBuf,
     pub bucket: String,
     pub kubectl: PathBuf,
     pub scratch: tempfile::TempDir,
@@ -33,6 +34,7 @@ impl Bed {
         }
         Bed {
             source_kubeconfig: env("KUBECONFIG_SOURCE").into(),
+            target_kubeconfig: env("KUBECONFIG_TARGET").into(),
             bucket: env("RESTATUS_BUCKET"),
             kubectl,
             scratch: tempfile::tempdir().expect("temp dir"),
@@ -41,6 +43,10 @@ impl Bed {
 
     pub async fn source(&self) -> kube::Client {
         restatus::kubeconfig::client(Some(&self.source_kubeconfig), None).await.expect("source cluster client")
+    }
+
+    pub async fn target(&self) -> kube::Client {
+        restatus::kubeconfig::client(Some(&self.target_kubeconfig), None).await.expect("target cluster client")
     }
 
     /// A storage URL of its own for one test: tests share the bucket, never a prefix.
@@ -95,6 +101,10 @@ impl Bed {
     }
 }
 
+/// Tests that use the target cluster hold this shared; the test that restarts its API server
+/// holds it exclusively, so no other test sees the outage.
+pub static TARGET: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff)
 }
@@ -124,4 +134,66 @@ pub async fn records(store: &SnapshotStore, manifest_id: &str) -> (Manifest, Vec
         .await
         .expect("snapshot loads and verifies");
     (manifest, records)
+}
+
+/// What `clusterctl move` does to an object, simulated: the same spec, labels and annotations
+/// on the target, created without status (and, through `rename`, optionally another name).
+pub async fn simulate_move(source: &kube::Client, target: &kube::Client, fleet: &str, rename: &dyn Fn(&str) -> String) {
+    use kube::api::{ListParams, PostParams};
+    let profile = restatus::identity::Profile::metal_operator();
+    for kind in ["BMC", "Server", "ServerClaim"] {
+        let kind = profile.kind(kind).unwrap();
+        let selector = format!("{}={fleet}", restatus::fleet::FLEET_LABEL);
+        let list =
+            restatus::fleet::api_for(source, kind, None).list(&ListParams::default().labels(&selector)).await.unwrap();
+        for object in list {
+            let meta = &object.metadata;
+            let copy = serde_json::json!({
+                "apiVersion": kind.api_version(),
+                "kind": kind.kind,
+                "metadata": {"name": rename(meta.name.as_deref().unwrap()), "namespace": meta.namespace,
+                             "labels": meta.labels, "annotations": meta.annotations},
+                "spec": object.data["spec"],
+            });
+            let api = restatus::fleet::api_for(target, kind, meta.namespace.as_deref());
+            if let Some(ns) = &meta.namespace {
+                ensure_namespace(target, ns).await;
+            }
+            api.create(&PostParams::default(), &serde_json::from_value(copy).unwrap()).await.unwrap();
+        }
+    }
+}
+
+async fn ensure_namespace(client: &kube::Client, name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    match api.create(&Default::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+        Err(e) => panic!("create namespace {name}: {e}"),
+    }
+}
+
+/// Status and annotations of every object of a fleet, by `Kind namespace/name`.
+pub async fn fleet_state(
+    client: &kube::Client,
+    fleet: &str,
+) -> std::collections::BTreeMap<String, (serde_json::Value, std::collections::BTreeMap<String, String>)> {
+    use kube::api::ListParams;
+    let profile = restatus::identity::Profile::metal_operator();
+    let mut out = std::collections::BTreeMap::new();
+    for kind in ["BMC", "Server", "ServerClaim"] {
+        let api = restatus::fleet::api_for(client, profile.kind(kind).unwrap(), None);
+        let selector = format!("{}={fleet}", restatus::fleet::FLEET_LABEL);
+        for obj in api.list(&ListParams::default().labels(&selector)).await.unwrap() {
+            let name = match &obj.metadata.namespace {
+                Some(ns) => format!("{kind} {ns}/{}", obj.metadata.name.clone().unwrap()),
+                None => format!("{kind} {}", obj.metadata.name.clone().unwrap()),
+            };
+            let status = obj.data.get("status").cloned().unwrap_or(serde_json::Value::Null);
+            out.insert(name, (status, obj.metadata.annotations.clone().unwrap_or_default()));
+        }
+    }
+    out
 }

@@ -3,3 +3,4 @@
 
 mod backup;
 mod bed;
+mod restore;

@@ -9,7 +9,7 @@ use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
-use crate::capture::{Collector, ListPage, fetch_page, reasons};
+use crate::capture::{Collector, ListPage, PageRequest, fetch_page, reasons};
 use crate::format::{Manifest, PayloadEncoder, SnapshotId};
 use crate::identity::Profile;
 use crate::object::RawObject;
@@ -21,12 +21,18 @@ pub struct BackupOptions {
     pub profile: Profile,
     /// Objects per LIST page.
     pub page_size: u32,
+    /// Only objects with these labels (a Kubernetes label selector).
+    pub selector: Option<String>,
     pub zstd_level: i32,
 }
 
 impl BackupOptions {
+    pub fn page(&self) -> PageRequest<'_> {
+        PageRequest { size: self.page_size, selector: self.selector.as_deref() }
+    }
+
     pub fn new(profile: Profile) -> Self {
-        BackupOptions { profile, page_size: 500, zstd_level: 3 }
+        BackupOptions { profile, page_size: 500, selector: None, zstd_level: 3 }
     }
 }
 
@@ -67,7 +73,7 @@ async fn capture_into(
         }
         let mut token: Option<String> = None;
         loop {
-            let Some(body) = fetch_page(client, kind, opts.page_size, token.as_deref()).await? else {
+            let Some(body) = fetch_page(client, kind, &opts.page(), token.as_deref()).await? else {
                 warn!(kind = %kind.qualified_kind(), "kind not served by the API server; skipped");
                 collector.skip_kind(kind, reasons::NOT_SERVED);
                 break;

@@ -166,16 +166,26 @@ impl<'a> ListPage<'a> {
     }
 }
 
+/// How to page through a kind: page size and an optional label selector.
+#[derive(Debug, Clone, Copy)]
+pub struct PageRequest<'a> {
+    pub size: u32,
+    pub selector: Option<&'a str>,
+}
+
 /// Fetches one page of `kind` across all namespaces, continuing after `continue_token`.
 /// `None` when the API server does not serve the kind (no CRD): reported, not an error.
 pub async fn fetch_page(
     client: &kube::Client,
     kind: &KindProfile,
-    page_size: u32,
+    page: &PageRequest<'_>,
     continue_token: Option<&str>,
 ) -> Result<Option<String>> {
     let context = || format!("list {}", kind.qualified_kind());
-    let mut params = ListParams::default().limit(page_size);
+    let mut params = ListParams::default().limit(page.size);
+    if let Some(selector) = page.selector {
+        params = params.labels(selector);
+    }
     if let Some(token) = continue_token {
         params = params.continue_token(token);
     }

@@ -23,6 +23,12 @@ pub enum Error {
     #[error("snapshot {0}: not found (no manifest)")]
     SnapshotNotFound(String),
 
+    /// No complete snapshot of the cluster verified.
+    #[error(
+        "no good snapshot of cluster {cluster:?} in {location} ({passed_over} complete snapshots failed verification)"
+    )]
+    NoGoodSnapshot { cluster: String, location: String, passed_over: usize },
+
     #[error("invalid snapshot id {0:?}")]
     InvalidSnapshotId(String),
 

@@ -63,6 +63,25 @@ pub struct KindProfile {
     /// Key fields, first non-empty wins. Empty means namespace/name.
     #[serde(default)]
     pub keys: Vec<KeyField>,
+    /// When a live status still counts as initial (a controller just started on it), so a
+    /// restore may overwrite it. An empty status always counts as initial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_states: Option<InitialStates>,
+}
+
+/// A status is initial when the string at `path` (inside the status) is one of `values`;
+/// an absent field reads as "".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InitialStates {
+    pub path: String,
+    pub values: Vec<String>,
+}
+
+impl InitialStates {
+    fn new(path: &str, values: &[&str]) -> Self {
+        InitialStates { path: path.into(), values: values.iter().map(|v| v.to_string()).collect() }
+    }
 }
 
 impl KindProfile {
@@ -74,7 +93,28 @@ impl KindProfile {
             plural: plural.into(),
             namespaced,
             keys,
+            initial_states: None,
         }
+    }
+
+    fn with_initial(mut self, path: &str, values: &[&str]) -> Self {
+        self.initial_states = Some(InitialStates::new(path, values));
+        self
+    }
+
+    /// Whether a live status (JSON) is empty or in one of the kind's initial states.
+    pub fn is_initial_status(&self, status: Option<&serde_json::Value>) -> bool {
+        let Some(status) = status.filter(|s| !s.is_null() && s.as_object().is_none_or(|o| !o.is_empty())) else {
+            return true;
+        };
+        let Some(initial) = &self.initial_states else { return false };
+        let value = initial.path.split('.').try_fold(status, |v, part| v.get(part));
+        let text = match value {
+            None | Some(serde_json::Value::Null) => "",
+            Some(serde_json::Value::String(s)) => s.as_str(),
+            Some(_) => return false,
+        };
+        initial.values.iter().any(|v| v == text)
     }
 
     pub fn api_version(&self) -> String {
@@ -143,9 +183,12 @@ impl Profile {
                         KeyField::new("spec.access.macAddress", true),
                         KeyField::new("status.serialNumber", false),
                     ],
-                ),
-                KindProfile::new("Server", "servers", false, vec![KeyField::new("spec.systemUUID", true)]),
-                KindProfile::new("ServerClaim", "serverclaims", true, nn()),
+                )
+                .with_initial("state", &["", "Pending"]),
+                // metal-operator sends a Server with empty status to Initial, then Discovery.
+                KindProfile::new("Server", "servers", false, vec![KeyField::new("spec.systemUUID", true)])
+                    .with_initial("state", &["", "Initial", "Discovery"]),
+                KindProfile::new("ServerClaim", "serverclaims", true, nn()).with_initial("phase", &["", "Unbound"]),
                 KindProfile::new("Endpoint", "endpoints", false, vec![KeyField::new("spec.macAddress", true)]),
                 KindProfile::new("ServerMaintenance", "servermaintenances", true, nn()),
                 KindProfile::new("ServerBootConfiguration", "serverbootconfigurations", true, nn()),
@@ -264,6 +307,26 @@ kinds:
         let obj = RawObject::parse(r#"{"metadata":{"name":"w"},"spec":{"serial":"XY"}}"#).unwrap();
         let k: Vec<String> = widget.keys_of(&obj).iter().map(ToString::to_string).collect();
         assert_eq!(k, ["spec.serial=xy", "namespace/name=w"]);
+    }
+
+    #[test]
+    fn initial_statuses_per_kind() {
+        let profile = Profile::metal_operator();
+        let server = profile.kind("Server").unwrap();
+        let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert!(server.is_initial_status(None));
+        assert!(server.is_initial_status(Some(&json("{}"))));
+        assert!(server.is_initial_status(Some(&json("null"))));
+        assert!(server.is_initial_status(Some(&json(r#"{"state":"Initial","powerState":"Off"}"#))));
+        assert!(server.is_initial_status(Some(&json(r#"{"state":"Discovery"}"#))));
+        assert!(server.is_initial_status(Some(&json(r#"{"powerState":"Off"}"#))), "no state yet");
+        assert!(!server.is_initial_status(Some(&json(r#"{"state":"Available"}"#))));
+        assert!(!server.is_initial_status(Some(&json(r#"{"state":{"odd":1}}"#))));
+        let claim = profile.kind("ServerClaim").unwrap();
+        assert!(claim.is_initial_status(Some(&json(r#"{"phase":"Unbound"}"#))));
+        assert!(!claim.is_initial_status(Some(&json(r#"{"phase":"Bound"}"#))));
+        let endpoint = profile.kind("Endpoint").unwrap();
+        assert!(!endpoint.is_initial_status(Some(&json(r#"{"state":""}"#))), "no initial states: only empty counts");
     }
 
     #[test]

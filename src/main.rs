@@ -9,6 +9,7 @@ use restatus::backup::{self, BackupOptions};
 use restatus::format::SnapshotId;
 use restatus::identity::Profile;
 use restatus::output::{self, OutputFormat};
+use restatus::restore::RestoreOptions;
 use restatus::retention::{self, RetentionPolicy};
 use restatus::schedule::{self, Schedule};
 use restatus::store::{DEFAULT_STORAGE, SnapshotStore};
@@ -39,6 +40,9 @@ struct Global {
     /// `metal-operator` (built in) or a profile file (YAML or JSON).
     #[arg(long, env = "RESTATUS_PROFILE", default_value = "metal-operator", global = true)]
     profile: String,
+    /// Only objects with these labels (a Kubernetes label selector, e.g. `site=fra1`).
+    #[arg(long, short = 'l', global = true)]
+    selector: Option<String>,
     /// Kubeconfig file; default: KUBECONFIG, ~/.kube/config, or in-cluster.
     #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
@@ -61,6 +65,8 @@ enum Command {
         #[command(flatten)]
         backup: BackupArgs,
     },
+    /// Reapplies status from the newest good snapshot to the objects of the target cluster.
+    Restore(RestoreArgs),
     /// Lists, shows, verifies and prunes snapshots.
     #[command(subcommand)]
     Snapshots(SnapshotsCommand),
@@ -76,6 +82,24 @@ struct BackupArgs {
     zstd_level: i32,
     #[command(flatten)]
     retention: RetentionArgs,
+}
+
+#[derive(Args)]
+struct RestoreArgs {
+    /// Restore from this snapshot instead of the newest one that verifies.
+    #[arg(long)]
+    snapshot: Option<SnapshotId>,
+    /// Overwrite live statuses that moved on after the snapshot.
+    #[arg(long)]
+    force: bool,
+    /// Print the plan, with the status fields each restore would write; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Objects written at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    #[command(flatten)]
+    output: OutputArgs,
 }
 
 #[derive(Args, Clone, Copy)]
@@ -158,15 +182,52 @@ async fn run(cli: Cli) -> Result<()> {
             info!(runs, "schedule stopped");
             Ok(())
         }
+        Command::Restore(args) => restore(g, &store, args).await,
         Command::Snapshots(command) => snapshots(&store, command).await,
     }
+}
+
+async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result<()> {
+    let profile = Profile::load(&g.profile)?;
+    let client = restatus::kubeconfig::client(g.kubeconfig.as_deref(), g.context.as_deref()).await?;
+    let options = RestoreOptions {
+        snapshot: args.snapshot,
+        force: args.force,
+        dry_run: args.dry_run,
+        concurrency: args.concurrency.max(1),
+        selector: g.selector.clone(),
+        ..RestoreOptions::new(profile)
+    };
+    if options.force {
+        tracing::warn!("--force: live statuses that moved on after the snapshot will be overwritten");
+    }
+    let report = restatus::restore::run(&client, store, &options).await.context("restore failed")?;
+    match args.output.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Table => {
+            print!("{}", output::plan_table(&report.plan, options.dry_run));
+            print!("{}", output::restore_summary(&report));
+        }
+    }
+    if !report.ok() {
+        bail!(
+            "restore incomplete: {} objects failed, {} pairing violations; rerun to retry",
+            report.failures().count(),
+            report.pairing.len()
+        );
+    }
+    Ok(())
 }
 
 async fn backup_setup(g: &Global, args: &BackupArgs) -> Result<(kube::Client, BackupOptions)> {
     let profile = Profile::load(&g.profile)?;
     let client = restatus::kubeconfig::client(g.kubeconfig.as_deref(), g.context.as_deref()).await?;
-    let options =
-        BackupOptions { page_size: args.page_size.max(1), zstd_level: args.zstd_level, ..BackupOptions::new(profile) };
+    let options = BackupOptions {
+        page_size: args.page_size.max(1),
+        selector: g.selector.clone(),
+        zstd_level: args.zstd_level,
+        ..BackupOptions::new(profile)
+    };
     Ok((client, options))
 }
 

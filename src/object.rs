@@ -29,6 +29,32 @@ pub struct ObjectMeta<'a> {
     pub labels: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub managed_fields: Option<Vec<ManagedFields<'a>>>,
+}
+
+/// The part of a managedFields entry restatus reads: who wrote which subresource when.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagedFields<'a> {
+    #[serde(borrow, default)]
+    pub manager: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub subresource: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub time: Option<Cow<'a, str>>,
+}
+
+impl ObjectMeta<'_> {
+    /// When the status subresource was last written, as far as managedFields tell.
+    pub fn status_written_at(&self) -> Option<jiff::Timestamp> {
+        self.managed_fields
+            .iter()
+            .flatten()
+            .filter(|m| m.subresource.as_deref() == Some("status"))
+            .filter_map(|m| m.time.as_deref()?.parse().ok())
+            .max()
+    }
 }
 
 /// One object: its metadata, and its other top-level fields as raw JSON.

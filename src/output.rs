@@ -166,6 +166,65 @@ pub fn human_bytes(n: u64) -> String {
     if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
+/// A restore plan as a table; with `changes`, each restore is followed by its status diff.
+pub fn plan_table(plan: &crate::plan::RestorePlan, changes: bool) -> String {
+    let name = |o: &Option<crate::format::ObjectRef>| {
+        o.as_ref()
+            .map(|o| o.namespace.as_ref().map_or(o.name.clone(), |ns| format!("{ns}/{}", o.name)))
+            .unwrap_or_default()
+    };
+    let mut rows = Vec::new();
+    for item in &plan.items {
+        rows.push(vec![
+            item.kind.clone(),
+            name(&item.target),
+            name(&item.source),
+            item.key.clone().unwrap_or_default(),
+            item.verdict.to_string(),
+            item.reason.clone(),
+        ]);
+        if changes {
+            for change in &item.changes {
+                rows.push(vec![
+                    String::new(),
+                    format!("  {change}"),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ]);
+            }
+        }
+    }
+    table(&["KIND", "TARGET", "SOURCE", "KEY", "VERDICT", "REASON"], rows)
+}
+
+/// The closing lines of a restore: counts, writes, failures, pairing.
+pub fn restore_summary(report: &crate::restore::RestoreReport) -> String {
+    let mut out = String::new();
+    for passed in &report.passed_over {
+        out += &format!("skipped snapshot {}: {}\n", passed.snapshot, passed.reason);
+    }
+    let counts: Vec<String> = report.counts.iter().map(|(v, n)| format!("{v} {n}")).collect();
+    out += &format!("snapshot {} (captured {}): {}\n", report.snapshot, report.snapshot_created_at, counts.join(", "));
+    if report.dry_run {
+        out += "dry run: nothing written\n";
+        return out;
+    }
+    out += &format!("{} API writes\n", report.writes);
+    for failure in report.failures() {
+        out += &format!("FAILED {}: {}\n", failure.object, failure.error.as_deref().unwrap_or_default());
+    }
+    if report.pairing.is_empty() {
+        out += "pairing: every Bound ServerClaim has its Reserved Server and back\n";
+    } else {
+        for v in &report.pairing {
+            out += &format!("PAIRING {}: {}\n", v.object, v.reason);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

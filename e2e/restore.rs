@@ -1,0 +1,438 @@
+//! Restore on the real test bed, after a simulated move (the same objects created on the
+//! target without status, as `clusterctl move` does): every status back, idempotence, the
+//! plan's verdicts, quiesce annotations, and faults during a restore.
+
+use std::collections::BTreeMap;
+
+use kube::api::{DeleteParams, Patch, PatchParams};
+use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
+use restatus::identity::Profile;
+use restatus::plan::{
+    self, OPERATION_ANNOTATION, PlanInput, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION, Verdict,
+};
+use restatus::restore::{self, Applier, RestoreOptions};
+use serde_json::{Value, json};
+
+use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, stdout, unique};
+
+/// A fleet on the source, backed up under a cluster id of its own.
+struct Scenario {
+    bed: Bed,
+    spec: FleetSpec,
+    storage: String,
+    cluster: String,
+    snapshot: String,
+}
+
+impl Scenario {
+    async fn new(servers: usize, claims: usize) -> Scenario {
+        let bed = Bed::get();
+        let spec = FleetSpec::new(&unique("rst"), servers, servers, claims);
+        fleet::create(&bed.source().await, &spec, 16).await.expect("create fleet");
+        let storage = bed.storage(&spec.name);
+        let cluster = spec.name.clone();
+        let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &spec.selector()]);
+        assert_success(&out, "backup");
+        let snapshot = stdout(&out).trim().to_string();
+        Scenario { bed, spec, storage, cluster, snapshot }
+    }
+
+    async fn moved(servers: usize, claims: usize) -> Scenario {
+        let s = Scenario::new(servers, claims).await;
+        simulate_move(&s.bed.source().await, &s.bed.target().await, &s.spec.name, &|n| n.to_string()).await;
+        s
+    }
+
+    fn restore(&self, extra: &[&str]) -> std::process::Output {
+        let selector = self.spec.selector();
+        let mut args = vec!["restore", "--selector", &selector, "-o", "json"];
+        args.extend(extra);
+        self.bed.restatus_with(&self.bed.target_kubeconfig, &self.storage, &self.cluster, &args, &[])
+    }
+
+    fn report(&self, extra: &[&str]) -> Value {
+        let out = self.restore(extra);
+        assert_success(&out, "restore");
+        serde_json::from_str(&stdout(&out)).expect("restore -o json")
+    }
+
+    async fn source_state(&self) -> BTreeMap<String, Value> {
+        fleet_state(&self.bed.source().await, &self.spec.name).await.into_iter().map(|(k, (s, _))| (k, s)).collect()
+    }
+
+    async fn target_state(&self) -> BTreeMap<String, (Value, BTreeMap<String, String>)> {
+        fleet_state(&self.bed.target().await, &self.spec.name).await
+    }
+
+    fn options(&self) -> RestoreOptions {
+        RestoreOptions { selector: Some(self.spec.selector()), ..RestoreOptions::new(Profile::metal_operator()) }
+    }
+}
+
+trait Selector {
+    fn selector(&self) -> String;
+}
+
+impl Selector for FleetSpec {
+    fn selector(&self) -> String {
+        format!("{FLEET_LABEL}={}", self.name)
+    }
+}
+
+fn count(report: &Value, verdict: &str) -> u64 {
+    report["counts"][verdict].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_moved_fleet_gets_every_status_back_and_a_second_restore_writes_nothing() {
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(40, 20).await;
+    let before = s.target_state().await;
+    assert_eq!(before.len(), 100);
+    assert!(before.values().all(|(status, _)| status.is_null()), "the move must not carry status");
+
+    let report = s.report(&[]);
+    assert_eq!(report["snapshot"], s.snapshot.as_str());
+    assert_eq!(count(&report, "restore"), 100);
+    assert!(report["pairing"].as_array().unwrap().is_empty(), "{}", report["pairing"]);
+    assert_eq!(report["writes"], 300, "quiesce, status and release: three writes per object");
+
+    let source = s.source_state().await;
+    let target = s.target_state().await;
+    for (name, status) in &source {
+        let (restored, annotations) = &target[name];
+        assert_eq!(restored, status, "{name}");
+        assert_eq!(annotations.get(RESTORED_FROM_ANNOTATION).map(String::as_str), Some(s.snapshot.as_str()), "{name}");
+        assert!(
+            !annotations.contains_key(OPERATION_ANNOTATION) && !annotations.contains_key(QUIESCED_BY_ANNOTATION),
+            "{name}: {annotations:?}"
+        );
+    }
+
+    // An Event on a restored object names the snapshot.
+    let events = s.bed.kubectl(
+        &s.bed.target_kubeconfig,
+        &[
+            "get",
+            "events.events.k8s.io",
+            "-A",
+            "--field-selector",
+            &format!("regarding.name={}", s.spec.server_name(0)),
+            "-o",
+            "json",
+        ],
+    );
+    assert_success(&events, "kubectl get events");
+    assert!(stdout(&events).contains("StatusRestored") && stdout(&events).contains(&s.snapshot), "{}", stdout(&events));
+
+    let again = s.report(&[]);
+    assert_eq!(again["writes"], 0);
+    assert_eq!(count(&again, "already-equal"), 100);
+}
+
+#[tokio::test]
+async fn a_renamed_server_is_matched_by_its_system_uuid() {
+    let _target = TARGET.read().await;
+    // An unclaimed server: renaming a claimed one would break its claim's serverRef.
+    let s = Scenario::new(4, 2).await;
+    let renamed = s.spec.server_name(3);
+    simulate_move(&s.bed.source().await, &s.bed.target().await, &s.spec.name, &|n| {
+        if n == renamed { format!("{n}-renamed") } else { n.to_string() }
+    })
+    .await;
+    let report = s.report(&[]);
+    let item = report["plan"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["target"]["name"] == format!("{renamed}-renamed"))
+        .expect("the renamed server is in the plan");
+    assert_eq!(item["verdict"], "restore");
+    assert_eq!(item["source"]["name"], renamed.as_str());
+    assert!(item["key"].as_str().unwrap().starts_with("spec.systemUUID="));
+    let target = s.target_state().await;
+    let source = s.source_state().await;
+    assert_eq!(target[&format!("Server {renamed}-renamed")].0, source[&format!("Server {renamed}")]);
+}
+
+#[tokio::test]
+async fn a_dry_run_shows_the_plan_with_diffs_and_writes_nothing() {
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(3, 1).await;
+    let report = s.report(&["--dry-run"]);
+    assert_eq!(report["dryRun"], true);
+    assert_eq!(count(&report, "restore"), 7);
+    let server = report["plan"]["items"].as_array().unwrap().iter().find(|i| i["kind"] == "Server").unwrap();
+    let changes: Vec<String> =
+        server["changes"].as_array().unwrap().iter().map(|c| c["field"].as_str().unwrap().to_string()).collect();
+    assert!(
+        changes.contains(&"networkInterfaces".to_string()) && changes.contains(&"state".to_string()),
+        "{changes:?}"
+    );
+    assert!(
+        s.target_state()
+            .await
+            .values()
+            .all(|(status, a)| status.is_null() && a.get(RESTORED_FROM_ANNOTATION).is_none())
+    );
+    // The table form shows each change under its object.
+    let out = s.bed.restatus_with(
+        &s.bed.target_kubeconfig,
+        &s.storage,
+        &s.cluster,
+        &["restore", "--dry-run", "--selector", &s.spec.selector()],
+        &[],
+    );
+    assert_success(&out, "restore --dry-run");
+    assert!(stdout(&out).contains("status.networkInterfaces: (absent) -> [8 items]"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("dry run: nothing written"));
+}
+
+#[tokio::test]
+async fn a_status_that_moved_on_is_kept_unless_forced_and_a_users_ignore_stays() {
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(3, 1).await;
+    let target = s.bed.target().await;
+    let profile = Profile::metal_operator();
+    let servers = fleet::api_for(&target, profile.kind("Server").unwrap(), None);
+    let newer = json!({"status": {"state": "Maintenance", "powerState": "Off"}});
+    servers.patch_status(&s.spec.server_name(2), &PatchParams::default(), &Patch::Merge(&newer)).await.unwrap();
+    let users = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: "ignore"}}});
+    servers.patch(&s.spec.server_name(1), &PatchParams::default(), &Patch::Merge(&users)).await.unwrap();
+
+    let report = s.report(&[]);
+    assert_eq!(count(&report, "skip-newer"), 1);
+    let state = s.target_state().await;
+    assert_eq!(
+        state[&format!("Server {}", s.spec.server_name(2))].0["state"],
+        "Maintenance",
+        "overwritten without --force"
+    );
+    let (status, annotations) = &state[&format!("Server {}", s.spec.server_name(1))];
+    assert_eq!(status, &s.source_state().await[&format!("Server {}", s.spec.server_name(1))]);
+    assert_eq!(
+        annotations.get(OPERATION_ANNOTATION).map(String::as_str),
+        Some("ignore"),
+        "a user's own ignore must stay"
+    );
+
+    let out = s.restore(&["--force"]);
+    assert_success(&out, "restore --force");
+    assert!(stderr(&out).contains("--force"), "--force must say so: {}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(count(&report, "restore"), 1);
+    assert_eq!(
+        s.target_state().await[&format!("Server {}", s.spec.server_name(2))].0,
+        s.source_state().await[&format!("Server {}", s.spec.server_name(2))]
+    );
+}
+
+#[tokio::test]
+async fn objects_arriving_quiesced_by_restatus_are_restored_then_released() {
+    let _target = TARGET.read().await;
+    let s = Scenario::new(3, 1).await;
+    // The source-side handshake (or a crashed run) left restatus's ignore on every object.
+    let source = s.bed.source().await;
+    let profile = Profile::metal_operator();
+    let quiesce =
+        json!({"metadata": {"annotations": {OPERATION_ANNOTATION: "ignore", QUIESCED_BY_ANNOTATION: "restatus"}}});
+    for (kind, names) in [
+        ("Server", (0..3).map(|i| s.spec.server_name(i)).collect::<Vec<_>>()),
+        ("BMC", (0..3).map(|i| s.spec.bmc_name(i)).collect()),
+    ] {
+        let api = fleet::api_for(&source, profile.kind(kind).unwrap(), None);
+        for name in names {
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&quiesce)).await.unwrap();
+        }
+    }
+    simulate_move(&source, &s.bed.target().await, &s.spec.name, &|n| n.to_string()).await;
+    assert!(
+        s.target_state()
+            .await
+            .iter()
+            .filter(|(k, _)| !k.starts_with("ServerClaim"))
+            .all(|(_, (_, a))| a.contains_key(QUIESCED_BY_ANNOTATION))
+    );
+
+    let report = s.report(&[]);
+    assert_eq!(count(&report, "restore"), 7);
+    assert_eq!(report["writes"], 6 * 2 + 3, "pre-quiesced objects need no quiesce write");
+    for (name, (_, annotations)) in s.target_state().await {
+        assert!(
+            !annotations.contains_key(OPERATION_ANNOTATION) && !annotations.contains_key(QUIESCED_BY_ANNOTATION),
+            "{name}: {annotations:?}"
+        );
+    }
+
+    // A crash after the status write but before the release: the next run releases only.
+    let target = s.bed.target().await;
+    let servers = fleet::api_for(&target, profile.kind("Server").unwrap(), None);
+    servers.patch(&s.spec.server_name(0), &PatchParams::default(), &Patch::Merge(&quiesce)).await.unwrap();
+    let report = s.report(&[]);
+    assert_eq!(report["writes"], 1);
+    assert_eq!(count(&report, "already-equal"), 7);
+    assert!(!s.target_state().await[&format!("Server {}", s.spec.server_name(0))].1.contains_key(OPERATION_ANNOTATION));
+}
+
+#[tokio::test]
+async fn a_snapshot_that_matches_nothing_writes_nothing() {
+    let _target = TARGET.read().await;
+    let s = Scenario::new(2, 1).await;
+    // Nothing moved: every record is missing on the target.
+    let report = s.report(&[]);
+    assert_eq!(count(&report, "missing-on-target"), 5);
+    assert_eq!(report["writes"], 0);
+}
+
+#[tokio::test]
+async fn two_target_objects_with_one_key_are_ambiguous_and_left_alone() {
+    let _target = TARGET.read().await;
+    let s = Scenario::new(2, 0).await;
+    let twin = s.spec.server_name(0);
+    simulate_move(&s.bed.source().await, &s.bed.target().await, &s.spec.name, &|n| n.to_string()).await;
+    // A second object on the target with server 0's system UUID.
+    simulate_move(&s.bed.source().await, &s.bed.target().await, &s.spec.name, &|n| format!("{n}-twin")).await;
+    let report = s.report(&[]);
+    let ambiguous: Vec<&Value> =
+        report["plan"]["items"].as_array().unwrap().iter().filter(|i| i["verdict"] == "ambiguous").collect();
+    assert!(
+        ambiguous.iter().any(
+            |i| i["source"]["name"] == twin.as_str() && i["reason"].as_str().unwrap().contains("matches 2 objects")
+        ),
+        "{ambiguous:?}"
+    );
+    let state = s.target_state().await;
+    assert!(state[&format!("Server {twin}")].0.is_null() && state[&format!("Server {twin}-twin")].0.is_null());
+}
+
+#[tokio::test]
+async fn deletions_and_conflicts_during_the_apply_are_handled() {
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(3, 0).await;
+    let target = s.bed.target().await;
+    let store = s.bed.store(&s.storage, &s.cluster);
+    let options = s.options();
+    let loaded = restore::choose_snapshot(&store, None).await.unwrap();
+    let live = restore::read_live(&target, &options.profile, &options.page()).await.unwrap();
+    let plan = plan::plan(&PlanInput {
+        profile: &options.profile,
+        snapshot: &loaded.manifest.snapshot_id,
+        snapshot_time: loaded.manifest.created_at,
+        records: &loaded.records,
+        live: &live.objects,
+        force: false,
+    });
+    assert_eq!(plan.counts()[&Verdict::Restore], 6);
+
+    // Between plan and apply: server 0 is deleted, server 1 gets an initial status (a
+    // conflict that still restores), server 2 moves on (a conflict that turns into skip-newer).
+    let servers = fleet::api_for(&target, options.profile.kind("Server").unwrap(), None);
+    servers.delete(&s.spec.server_name(0), &DeleteParams::default()).await.unwrap();
+    let initial = json!({"status": {"state": "Initial"}});
+    servers.patch_status(&s.spec.server_name(1), &PatchParams::default(), &Patch::Merge(&initial)).await.unwrap();
+    let moved_on = json!({"status": {"state": "Available", "powerState": "On"}});
+    servers.patch_status(&s.spec.server_name(2), &PatchParams::default(), &Patch::Merge(&moved_on)).await.unwrap();
+
+    let applier = Applier::new(&target, &options.profile, &loaded.manifest, &loaded.records, false);
+    let outcomes = applier.apply(&plan, &live.objects, 4).await;
+    let by_name: BTreeMap<String, (Verdict, Option<String>)> =
+        outcomes.into_iter().map(|o| (o.object.name.clone(), (o.verdict, o.error))).collect();
+    assert_eq!(by_name[&s.spec.server_name(0)], (Verdict::MissingOnTarget, None));
+    assert_eq!(by_name[&s.spec.server_name(1)], (Verdict::Restore, None));
+    assert_eq!(by_name[&s.spec.server_name(2)], (Verdict::SkipNewer, None));
+    let state = s.target_state().await;
+    let source = s.source_state().await;
+    let server = |i: usize| format!("Server {}", s.spec.server_name(i));
+    assert_eq!(state[&server(1)].0, source[&server(1)], "restored over the initial status");
+    assert_eq!(state[&server(2)].0, moved_on["status"], "the status that moved on is kept");
+    let (_, annotations) = &state[&server(2)];
+    assert!(!annotations.contains_key(OPERATION_ANNOTATION), "a skipped object is released: {annotations:?}");
+}
+
+#[tokio::test]
+async fn a_restore_interrupted_by_an_api_server_restart_is_completed_by_the_rerun() {
+    let _exclusive = TARGET.write().await;
+    let s = Scenario::moved(150, 60).await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args(["restore", "--concurrency", "2", "--selector", &s.spec.selector(), "--kubeconfig"])
+        .arg(&s.bed.target_kubeconfig)
+        .env("RESTATUS_STORAGE", &s.storage)
+        .env("RESTATUS_CLUSTER_ID", &s.cluster)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Let it write a while, then kill the target API server hard and bring it back.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let restart = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/testbed"))
+        .args(["restart-apiserver", "target", "--hard"])
+        .output()
+        .unwrap();
+    assert_success(&restart, "restart-apiserver");
+    let first = child.wait().unwrap();
+    let midway = s.target_state().await;
+    let restored = midway.values().filter(|(st, _)| !st.is_null()).count();
+    assert!(restored < midway.len() || !first.success(), "the restart did not interrupt the restore");
+
+    let report = s.report(&[]);
+    assert!(report["pairing"].as_array().unwrap().is_empty());
+    let source = s.source_state().await;
+    let target = s.target_state().await;
+    for (name, status) in &source {
+        assert_eq!(&target[name].0, status, "{name} lost");
+        assert!(!target[name].1.contains_key(QUIESCED_BY_ANNOTATION), "{name} still quiesced");
+    }
+    assert_eq!(s.report(&[])["writes"], 0);
+}
+
+#[tokio::test]
+async fn damaged_and_foreign_snapshots_are_skipped_for_the_previous_good_one() {
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(2, 1).await;
+    let store = s.bed.store(&s.storage, &s.cluster);
+    // A newer snapshot whose payload is truncated.
+    let out = s.bed.restatus(&s.storage, &s.cluster, &["backup", "--selector", &s.spec.selector()]);
+    assert_success(&out, "second backup");
+    let damaged: restatus::format::SnapshotId = stdout(&out).trim().parse().unwrap();
+    let payload = store.payload(&damaged).await.unwrap();
+    object_store::ObjectStoreExt::put(
+        store.object_store().as_ref(),
+        &store.payload_path(&damaged),
+        payload.slice(..payload.len() / 2).into(),
+    )
+    .await
+    .unwrap();
+    // And a newer one still: another cluster's snapshot copied under this cluster's folder.
+    let other = Scenario::new(1, 0).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let out = other.bed.restatus(&s.storage, &other.cluster, &["backup", "--selector", &other.spec.selector()]);
+    assert_success(&out, "other cluster's backup");
+    let foreign: restatus::format::SnapshotId = stdout(&out).trim().parse().unwrap();
+    let other_store = s.bed.store(&s.storage, &other.cluster);
+    for (from, to) in [
+        (other_store.manifest_path(&foreign), store.manifest_path(&foreign)),
+        (other_store.payload_path(&foreign), store.payload_path(&foreign)),
+    ] {
+        let bytes = object_store::ObjectStoreExt::get(store.object_store().as_ref(), &from)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        object_store::ObjectStoreExt::put(store.object_store().as_ref(), &to, bytes.into()).await.unwrap();
+    }
+
+    let report = s.report(&[]);
+    assert_eq!(report["snapshot"], s.snapshot.as_str(), "the oldest, good snapshot is used");
+    let passed: Vec<String> =
+        report["passedOver"].as_array().unwrap().iter().map(|p| p["reason"].as_str().unwrap().to_string()).collect();
+    assert_eq!(passed.len(), 2, "{passed:?}");
+    assert!(passed[0].contains(foreign.as_str()) && passed[0].contains("belongs to cluster"), "{passed:?}");
+    assert!(passed[1].contains(damaged.as_str()) && passed[1].contains("truncated"), "{passed:?}");
+    assert_eq!(count(&report, "restore"), 5);
+
+    // Pinning the damaged one fails, naming it.
+    let out = s.restore(&["--snapshot", damaged.as_str()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains(damaged.as_str()) && stderr(&out).contains("truncated"), "{}", stderr(&out));
+}

@@ -1,0 +1,170 @@
+//! Claim/server pairing, metal-operator's invariant: every Bound ServerClaim's Server is
+//! Reserved and points back to the claim, and every Reserved Server's claim is Bound to it.
+//! Pure; checked after a restore and (for consistency) on every capture.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::format::ObjectRef;
+use crate::object::RawObject;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerView {
+    pub name: String,
+    pub state: String,
+    /// `spec.serverClaimRef` as (namespace, name).
+    pub claim: Option<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimView {
+    pub namespace: String,
+    pub name: String,
+    pub phase: String,
+    /// `spec.serverRef.name`.
+    pub server: Option<String>,
+}
+
+impl ServerView {
+    pub fn from_raw(object: &RawObject<'_>) -> Self {
+        let claim =
+            match (object.string_at("spec.serverClaimRef.namespace"), object.string_at("spec.serverClaimRef.name")) {
+                (Some(ns), Some(name)) => Some((ns, name)),
+                _ => None,
+            };
+        ServerView {
+            name: object.meta.name.to_string(),
+            state: object.string_at("status.state").unwrap_or_default(),
+            claim,
+        }
+    }
+}
+
+impl ClaimView {
+    pub fn from_raw(object: &RawObject<'_>) -> Self {
+        ClaimView {
+            namespace: object.meta.namespace.as_deref().unwrap_or_default().to_string(),
+            name: object.meta.name.to_string(),
+            phase: object.string_at("status.phase").unwrap_or_default(),
+            server: object.string_at("spec.serverRef.name"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub object: ObjectRef,
+    pub reason: String,
+}
+
+pub fn check(servers: &[ServerView], claims: &[ClaimView]) -> Vec<Violation> {
+    let by_server: HashMap<&str, &ServerView> = servers.iter().map(|s| (s.name.as_str(), s)).collect();
+    let by_claim: HashMap<(&str, &str), &ClaimView> =
+        claims.iter().map(|c| ((c.namespace.as_str(), c.name.as_str()), c)).collect();
+    let mut out = Vec::new();
+    for claim in claims.iter().filter(|c| c.phase == "Bound") {
+        let object = ObjectRef {
+            kind: "ServerClaim".into(),
+            namespace: Some(claim.namespace.clone()),
+            name: claim.name.clone(),
+        };
+        let reason = match claim.server.as_deref().map(|s| (s, by_server.get(s))) {
+            None => Some("Bound without spec.serverRef".to_string()),
+            Some((name, None)) => Some(format!("Bound to Server {name}, which does not exist")),
+            Some((name, Some(server))) if server.state != "Reserved" => {
+                Some(format!("Bound to Server {name}, which is {:?}, not Reserved", server.state))
+            }
+            Some((name, Some(server)))
+                if server.claim.as_ref() != Some(&(claim.namespace.clone(), claim.name.clone())) =>
+            {
+                Some(format!("Bound to Server {name}, whose spec.serverClaimRef does not point back"))
+            }
+            Some(_) => None,
+        };
+        out.extend(reason.map(|reason| Violation { object, reason }));
+    }
+    for server in servers.iter().filter(|s| s.state == "Reserved") {
+        let object = ObjectRef { kind: "Server".into(), namespace: None, name: server.name.clone() };
+        let reason = match &server.claim {
+            None => Some("Reserved without spec.serverClaimRef".to_string()),
+            Some((ns, name)) => match by_claim.get(&(ns.as_str(), name.as_str())) {
+                None => Some(format!("Reserved for ServerClaim {ns}/{name}, which does not exist")),
+                Some(claim) if claim.phase != "Bound" => {
+                    Some(format!("Reserved for ServerClaim {ns}/{name}, which is {:?}, not Bound", claim.phase))
+                }
+                Some(claim) if claim.server.as_deref() != Some(server.name.as_str()) => {
+                    Some(format!("Reserved for ServerClaim {ns}/{name}, whose spec.serverRef names another server"))
+                }
+                Some(_) => None,
+            },
+        };
+        out.extend(reason.map(|reason| Violation { object, reason }));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(name: &str, state: &str, claim: Option<(&str, &str)>) -> ServerView {
+        ServerView { name: name.into(), state: state.into(), claim: claim.map(|(a, b)| (a.into(), b.into())) }
+    }
+
+    fn claim(ns: &str, name: &str, phase: &str, server: Option<&str>) -> ClaimView {
+        ClaimView { namespace: ns.into(), name: name.into(), phase: phase.into(), server: server.map(Into::into) }
+    }
+
+    fn reasons(servers: &[ServerView], claims: &[ClaimView]) -> Vec<String> {
+        check(servers, claims).into_iter().map(|v| format!("{}: {}", v.object, v.reason)).collect()
+    }
+
+    #[test]
+    fn a_proper_pair_and_free_objects_are_fine() {
+        let servers = [server("s1", "Reserved", Some(("a", "c1"))), server("s2", "Available", None)];
+        let claims = [claim("a", "c1", "Bound", Some("s1")), claim("a", "c2", "Unbound", None)];
+        assert!(reasons(&servers, &claims).is_empty());
+    }
+
+    #[test]
+    fn every_broken_side_is_named() {
+        let servers = [
+            server("s1", "Available", Some(("a", "c1"))),
+            server("s2", "Reserved", Some(("a", "other"))),
+            server("s3", "Reserved", None),
+            server("s4", "Reserved", Some(("a", "c4"))),
+            server("s5", "Reserved", Some(("a", "c5"))),
+        ];
+        let claims = [
+            claim("a", "c1", "Bound", Some("s1")),
+            claim("a", "c2", "Bound", Some("s2")),
+            claim("a", "c3", "Bound", Some("missing")),
+            claim("a", "c4", "Unbound", Some("s4")),
+            claim("a", "c5", "Bound", Some("s1")),
+            claim("a", "c6", "Bound", None),
+        ];
+        assert_eq!(
+            reasons(&servers, &claims),
+            [
+                "ServerClaim a/c1: Bound to Server s1, which is \"Available\", not Reserved",
+                "ServerClaim a/c2: Bound to Server s2, whose spec.serverClaimRef does not point back",
+                "ServerClaim a/c3: Bound to Server missing, which does not exist",
+                "ServerClaim a/c5: Bound to Server s1, which is \"Available\", not Reserved",
+                "ServerClaim a/c6: Bound without spec.serverRef",
+                "Server s2: Reserved for ServerClaim a/other, which does not exist",
+                "Server s3: Reserved without spec.serverClaimRef",
+                "Server s4: Reserved for ServerClaim a/c4, which is \"Unbound\", not Bound",
+                "Server s5: Reserved for ServerClaim a/c5, whose spec.serverRef names another server",
+            ]
+        );
+    }
+
+    #[test]
+    fn views_read_the_fields_metal_operator_sets() {
+        let s = RawObject::parse(r#"{"metadata":{"name":"s1"},"spec":{"serverClaimRef":{"namespace":"a","name":"c1"}},"status":{"state":"Reserved"}}"#).unwrap();
+        assert_eq!(ServerView::from_raw(&s), server("s1", "Reserved", Some(("a", "c1"))));
+        let c = RawObject::parse(r#"{"metadata":{"name":"c1","namespace":"a"},"spec":{"serverRef":{"name":"s1"}},"status":{"phase":"Bound"}}"#).unwrap();
+        assert_eq!(ClaimView::from_raw(&c), claim("a", "c1", "Bound", Some("s1")));
+    }
+}
