@@ -170,7 +170,7 @@ async fn least_privilege_service_account_can_back_up_and_cannot_read_secrets() {
     assert_success(&apply, "kubectl apply -k manifests/base");
     let token = bed.kubectl(&bed.source_kubeconfig, &["-n", "restatus", "create", "token", "restatus-backup"]);
     assert_success(&token, "kubectl create token");
-    let kubeconfig = bed.kubeconfig_with_token("restatus-backup", stdout(&token).trim());
+    let kubeconfig = bed.kubeconfig_with_token(&bed.source_kubeconfig, "restatus-backup", stdout(&token).trim());
 
     let storage = bed.storage("rbac");
     let out = bed.restatus_with(&kubeconfig, &storage, "rbac", &["backup"], &[]);

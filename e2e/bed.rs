@@ -87,9 +87,9 @@ impl Bed {
         Command::new(&self.kubectl).arg("--kubeconfig").arg(kubeconfig).args(args).output().expect("run kubectl")
     }
 
-    /// A copy of the source kubeconfig that authenticates with `token` instead of the admin's.
-    pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> PathBuf {
-        let mut config = Kubeconfig::read_from(&self.source_kubeconfig).expect("read source kubeconfig");
+    /// A copy of `base` (a cluster's admin kubeconfig) that authenticates with `token`.
+    pub fn kubeconfig_with_token(&self, base: &Path, name: &str, token: &str) -> PathBuf {
+        let mut config = Kubeconfig::read_from(base).expect("read kubeconfig");
         for auth in &mut config.auth_infos {
             if let Some(info) = auth.auth_info.as_mut() {
                 *info = serde_json::from_value(serde_json::json!({ "token": token })).expect("auth info");

@@ -3,4 +3,5 @@
 
 mod backup;
 mod bed;
+mod controller;
 mod restore;

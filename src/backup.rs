@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::capture::{Collector, ListPage, PageRequest, fetch_page, reasons};
 use crate::format::{Manifest, PayloadEncoder, SnapshotId};
-use crate::identity::Profile;
+use crate::identity::{KindProfile, Profile};
 use crate::object::RawObject;
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
@@ -71,26 +71,23 @@ async fn capture_into(
             collector.skip_kind(kind, reasons::SECRET_KIND);
             continue;
         }
-        let mut token: Option<String> = None;
-        loop {
-            let Some(body) = fetch_page(client, kind, &opts.page(), token.as_deref()).await? else {
+        // The next page is requested before this one is encoded, so the API server prepares
+        // it while restatus compresses: LIST and encoding overlap.
+        let mut next = Some(prefetch(client, kind, opts, None));
+        while let Some(fetch) = next.take() {
+            let Some(body) = fetch.await.map_err(|e| Error::io("LIST task", std::io::Error::other(e)))?? else {
                 warn!(kind = %kind.qualified_kind(), "kind not served by the API server; skipped");
                 collector.skip_kind(kind, reasons::NOT_SERVED);
                 break;
             };
             let page = ListPage::parse(kind, &body)?;
-            for item in &page.items {
-                let object = RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
-                    kind: kind.qualified_kind(),
-                    name: "(unreadable item)".into(),
-                    reason: e.to_string(),
-                })?;
-                if let Some(record) = collector.add(kind, &object) {
-                    encoder.push(&record).map_err(|e| Error::io(format!("encode {}", record.object_name()), e))?;
-                }
+            next = page.next().map(|token| prefetch(client, kind, opts, Some(token.to_string())));
+            if let Err(e) = encode_page(kind, &page, &mut collector, &mut encoder) {
+                next.inspect(|fetch| fetch.abort());
+                return Err(e);
             }
-            // Upload what this page compressed to before asking for the next one: memory
-            // holds one page and at most one upload part, whatever the number of objects.
+            // Upload what this page compressed to: memory holds about two pages and at most
+            // one upload part, whatever the number of objects.
             let compressed = encoder.take_output();
             if !compressed.is_empty() {
                 upload
@@ -98,13 +95,41 @@ async fn capture_into(
                     .await
                     .map_err(|e| Error::io(format!("upload payload of snapshot {id}"), e))?;
             }
-            match page.next() {
-                Some(next) => token = Some(next.to_string()),
-                None => break,
-            }
         }
     }
     Ok((encoder, collector))
+}
+
+fn prefetch(
+    client: &kube::Client,
+    kind: &KindProfile,
+    opts: &BackupOptions,
+    token: Option<String>,
+) -> tokio::task::JoinHandle<Result<Option<String>>> {
+    let (client, kind, size, selector) = (client.clone(), kind.clone(), opts.page_size, opts.selector.clone());
+    tokio::spawn(async move {
+        let page = PageRequest { size, selector: selector.as_deref() };
+        fetch_page(&client, &kind, &page, token.as_deref()).await
+    })
+}
+
+fn encode_page(
+    kind: &KindProfile,
+    page: &ListPage<'_>,
+    collector: &mut Collector,
+    encoder: &mut PayloadEncoder,
+) -> Result<()> {
+    for item in &page.items {
+        let object = RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
+            kind: kind.qualified_kind(),
+            name: "(unreadable item)".into(),
+            reason: e.to_string(),
+        })?;
+        if let Some(record) = collector.add(kind, &object) {
+            encoder.push(&record).map_err(|e| Error::io(format!("encode {}", record.object_name()), e))?;
+        }
+    }
+    Ok(())
 }
 
 async fn finish(

@@ -62,6 +62,9 @@ pub enum Error {
     #[error("{kind} {name}: {reason}")]
     InvalidObject { kind: String, name: String, reason: String },
 
+    #[error("leader election: {0}")]
+    Leader(String),
+
     #[error("{context}: {source}")]
     Io {
         context: String,

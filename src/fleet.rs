@@ -1,6 +1,8 @@
 //! Sample fleets of metal-operator objects with realistic status, for the demo, the end-to-end
 //! tests and the benchmarks. Objects are deterministic in their index, so tests can predict
-//! every field; values vary per object (MACs, serials, UUIDs) so compression is not flattered.
+//! every field. The model: 40 servers a rack, each with 2 CPUs, 4 drives and 4 dual-port NICs
+//! (consecutive MACs per card, random device parts) cabled to the rack's two leaf switches
+//! (LLDP neighbours), IPs from rack subnets; UUIDs, serials and SKUs are random per server.
 
 use futures::{StreamExt, TryStreamExt, stream};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -75,19 +77,19 @@ impl FleetSpec {
 
     pub fn bmc(&self, i: usize) -> (Value, Value) {
         let h = mix(i as u64 ^ 0xb3c0_0000);
-        let mac = mac(h, 0);
+        let mac = vendor_mac(h, 0);
         let object = json!({
             "apiVersion": "metal.ironcore.dev/v1alpha1",
             "kind": "BMC",
             "metadata": {"name": self.bmc_name(i), "labels": {FLEET_LABEL: self.name}},
             "spec": {
-                "access": {"macAddress": mac, "ip": ip(10, h)},
+                "access": {"macAddress": mac, "ip": bmc_ip(i)},
                 "bmcSecretRef": {"name": format!("{}-bmc-secret", self.name)},
                 "protocol": {"name": "Redfish", "port": 443, "scheme": "https"},
             },
         });
         let status = json!({
-            "ip": ip(10, h),
+            "ip": bmc_ip(i),
             "macAddress": mac,
             "manufacturer": "Dell Inc.",
             "model": "iDRAC9",
@@ -118,21 +120,27 @@ impl FleetSpec {
     }
 }
 
+/// Servers per rack: NICs connect to the rack's two leaf switches, IPs follow rack subnets.
+const RACK: usize = 40;
+
 fn server_status(i: usize, h: u64, state: &str) -> Value {
+    let (rack, slot) = (i / RACK, i % RACK);
+    // Four dual-port cards: the two ports of a card have consecutive MACs, as on real NICs.
     let nics: Vec<Value> = (0..8u64)
         .map(|n| {
-            let hn = mix(h ^ n);
+            let card = mix(h ^ (n / 2));
+            let leaf = rack * 2 + (n as usize % 2);
             json!({
                 "name": format!("eno{}np{}", n / 2 + 1, n % 2),
-                "macAddress": mac(hn, n),
-                "ip": ip(100, hn),
-                "ips": [ip(100, hn), format!("fd00:{:x}::{:x}", hn % 65_536, (hn >> 16) % 65_536)],
+                "macAddress": vendor_mac(card, n % 2),
+                "ip": format!("10.{}.{}.{}", rack % 256, n, slot + 10),
+                "ips": [format!("10.{}.{}.{}", rack % 256, n, slot + 10), format!("fd00:{rack:x}:{n}::{:x}", slot + 10)],
                 "carrierStatus": if n < 6 { "Up" } else { "Down" },
                 "neighbors": [{
-                    "macAddress": mac(mix(hn), 99),
-                    "portID": format!("Ethernet{}/{}", (hn % 32) + 1, n + 1),
-                    "portDescription": format!("to {} port {n}", server_label(i)),
-                    "systemName": format!("leaf-{:03}.rack-{:02}.dc1", (hn % 64) + 1, (i / 40) % 100),
+                    "macAddress": vendor_mac(mix(leaf as u64 ^ 0x1eaf), 0),
+                    "portID": format!("Ethernet{}", slot * 4 + (n as usize / 2) + 1),
+                    "portDescription": format!("rack-{rack:03} slot-{slot:02} {}", server_label(i)),
+                    "systemName": format!("leaf-{leaf:04}.dc1"),
                     "systemDescription": "SONiC Software Version: SONiC.202405 - HwSku: Accton-AS7726-32X",
                 }],
             })
@@ -216,13 +224,15 @@ fn uuid(h: u64) -> String {
     )
 }
 
-fn mac(h: u64, n: u64) -> String {
-    let b = mix(h ^ (n << 56)).to_be_bytes();
-    format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", 0x02, b[1], b[2], b[3], b[4], b[5])
+/// A MAC with a vendor prefix and a random device part; `port` adds to it like NIC ports do.
+fn vendor_mac(h: u64, port: u64) -> String {
+    let device = (h & 0x00ff_fffe) + port;
+    format!("b8:ce:f6:{:02x}:{:02x}:{:02x}", (device >> 16) & 0xff, (device >> 8) & 0xff, device & 0xff)
 }
 
-fn ip(first: u8, h: u64) -> String {
-    format!("{first}.{}.{}.{}", (h >> 8) % 256, (h >> 16) % 256, (h >> 24) % 254 + 1)
+/// BMCs sit in a management subnet per rack.
+fn bmc_ip(i: usize) -> String {
+    format!("10.250.{}.{}", (i / RACK) % 256, i % RACK + 10)
 }
 
 /// Creates the fleet on a cluster: namespaces, objects, then their status through the status

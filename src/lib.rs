@@ -9,14 +9,21 @@
 //! * [`store`]: lay payload and manifest out in an object store, manifest last (object-store edge);
 //! * [`backup`]: the pipeline that ties these together;
 //! * [`retention`] and [`schedule`]: which snapshots to delete, and when to take the next one (pure).
+//!
+//! The restore pipeline: [`restore`] chooses and verifies a snapshot (load → verify), [`plan`]
+//! decides per object (pure), and [`restore::Applier`] writes; [`pairing`] checks the result.
+//! [`controller`] runs the same plan per watch event, with [`leader`] election and [`metrics`].
 
 pub mod backup;
 pub mod capture;
+pub mod controller;
 pub mod error;
 pub mod fleet;
 pub mod format;
 pub mod identity;
 pub mod kubeconfig;
+pub mod leader;
+pub mod metrics;
 pub mod object;
 pub mod output;
 pub mod pairing;

@@ -67,6 +67,9 @@ enum Command {
     },
     /// Reapplies status from the newest good snapshot to the objects of the target cluster.
     Restore(RestoreArgs),
+    /// Restores status whenever an object of the profile appears or loses its status
+    /// (target cluster), with leader election and /metrics, /healthz, /readyz.
+    Controller(ControllerArgs),
     /// Lists, shows, verifies and prunes snapshots.
     #[command(subcommand)]
     Snapshots(SnapshotsCommand),
@@ -100,6 +103,30 @@ struct RestoreArgs {
     concurrency: usize,
     #[command(flatten)]
     output: OutputArgs,
+}
+
+#[derive(Args)]
+struct ControllerArgs {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    http_addr: std::net::SocketAddr,
+    /// Namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "restatus")]
+    lease_namespace: String,
+    #[arg(long, default_value = "restatus-controller")]
+    lease_name: String,
+    /// This instance's identity in the election.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// How often to look for a newer snapshot.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    snapshot_refresh: Duration,
+    /// Overwrite live statuses that moved on after the snapshot.
+    #[arg(long)]
+    force: bool,
+    /// Objects written at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
 }
 
 #[derive(Args, Clone, Copy)]
@@ -183,8 +210,43 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Restore(args) => restore(g, &store, args).await,
+        Command::Controller(args) => controller(g, store, args).await,
         Command::Snapshots(command) => snapshots(&store, command).await,
     }
+}
+
+async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> Result<()> {
+    use restatus::controller::{self, Context, ControllerOptions};
+    let profile = Profile::load(&g.profile)?;
+    let client = restatus::kubeconfig::client(g.kubeconfig.as_deref(), g.context.as_deref()).await?;
+    let options = ControllerOptions {
+        profile,
+        selector: g.selector.clone(),
+        force: args.force,
+        concurrency: args.concurrency.max(1),
+        snapshot_refresh: args.snapshot_refresh,
+        batch_window: Duration::from_millis(50),
+    };
+    let ctx = Context::new(client.clone(), store, options);
+    let http = tokio::spawn(controller::serve_http(ctx.clone(), args.http_addr));
+    let identity = args.identity.unwrap_or_else(|| format!("restatus-{:08x}", rand::random::<u32>()));
+    let mut leadership =
+        restatus::leader::Leadership::join(&client, &args.lease_namespace, &args.lease_name, &identity).await?;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        acquired = leadership.acquired() => acquired?,
+    }
+    ctx.metrics.leader.set(1);
+    info!(identity, "leading: restore controller running");
+    let result = tokio::select! {
+        result = controller::run(ctx.clone(), &mut shutdown) => result.map_err(Into::into),
+        _ = leadership.lost() => Err(anyhow::anyhow!("leadership lost; exiting so that a restart rejoins the election")),
+    };
+    ctx.metrics.leader.set(0);
+    http.abort();
+    result
 }
 
 async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result<()> {

@@ -1,0 +1,234 @@
+//! The restore controller on the real target cluster: objects that appear without status get
+//! it back within a second or so, metrics and probes answer, and its RBAC plus admission
+//! policy allow exactly what it needs.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::api::{Patch, PatchParams};
+use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
+use restatus::identity::Profile;
+use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
+use serde_json::json;
+
+use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, stdout, unique};
+
+struct Controller {
+    child: Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Controller {
+    fn start(
+        bed: &Bed,
+        kubeconfig: &std::path::Path,
+        storage: &str,
+        cluster: &str,
+        selector: &str,
+        lease_ns: &str,
+    ) -> Controller {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = bed.scratch.path().join(format!("controller-{port}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
+            .args(["controller", "--selector", selector, "--snapshot-refresh", "2s", "--lease-namespace", lease_ns])
+            .args(["--lease-name", &unique("lease"), "--http-addr", &format!("127.0.0.1:{port}"), "--kubeconfig"])
+            .arg(kubeconfig)
+            .env("RESTATUS_STORAGE", storage)
+            .env("RESTATUS_CLUSTER_ID", cluster)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Controller { child, port, log }
+    }
+
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "-", "-w", "\n%{http_code}", &format!("http://127.0.0.1:{}{path}", self.port)])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n')?;
+        Some((code.trim().parse().ok()?, body.to_string()))
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some((200, _)) = self.get("/readyz").await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!(
+            "controller not ready within 30 s; its log:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "controller did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+async fn ensure_namespace(bed: &Bed, ns: &str) {
+    let out = bed.kubectl(&bed.target_kubeconfig, &["create", "namespace", ns]);
+    assert!(out.status.success() || stderr(&out).contains("AlreadyExists"), "{}", stderr(&out));
+}
+
+/// Waits until every object of the fleet on the target has the source's status and no
+/// quiesce annotation. Returns how long that took.
+async fn wait_restored(bed: &Bed, fleet: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    let source = fleet_state(&bed.source().await, fleet).await;
+    let target = bed.target().await;
+    loop {
+        let state = fleet_state(&target, fleet).await;
+        let done = state.len() == source.len()
+            && source.iter().all(|(name, (status, _))| {
+                state.get(name).is_some_and(|(s, a)| s == status && !a.contains_key(QUIESCED_BY_ANNOTATION))
+            });
+        if done {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < within, "not restored within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+#[tokio::test]
+async fn the_controller_restores_objects_as_they_appear() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("ctl"), 20, 20, 10);
+    fleet::create(&bed.source().await, &spec, 16).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+
+    let lease_ns = unique("lease-ns");
+    ensure_namespace(&bed, &lease_ns).await;
+    let controller = Controller::start(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns);
+    controller.wait_ready().await;
+    assert_eq!(controller.get("/healthz").await.unwrap().0, 200);
+
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    let took = wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+    eprintln!("controller restored {} objects {took:?} after the move finished", spec.total());
+    let state = fleet_state(&bed.target().await, &spec.name).await;
+    assert!(
+        state.values().all(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION) && !a.contains_key(OPERATION_ANNOTATION))
+    );
+
+    // An object that loses its status later gets it back.
+    let target = bed.target().await;
+    let servers = fleet::api_for(&target, Profile::metal_operator().kind("Server").unwrap(), None);
+    let wiped = json!({"status": {"state": null, "networkInterfaces": null, "processors": null, "storages": null, "serialNumber": null}});
+    servers.patch_status(&spec.server_name(5), &PatchParams::default(), &Patch::Merge(&wiped)).await.unwrap();
+    wait_restored(&bed, &spec.name, Duration::from_secs(10)).await;
+
+    let (code, metrics) = controller.get("/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metric(&metrics, "restatus_decisions_total{verdict=\"restore\"}") >= spec.total() as f64 + 1.0,
+        "{metrics}"
+    );
+    assert!(metric(&metrics, "restatus_snapshot_timestamp_seconds") > 1.7e9, "{metrics}");
+    assert!(metric(&metrics, "restatus_restore_latency_seconds_count") >= spec.total() as f64, "{metrics}");
+    assert_eq!(metric(&metrics, "restatus_leader"), 1.0);
+    assert!(controller.stop().success(), "controller exit on SIGTERM");
+}
+
+#[tokio::test]
+async fn the_controller_rbac_is_sufficient_and_nothing_more() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    for dir in ["base", "controller"] {
+        let path = format!("{}/manifests/{dir}", env!("CARGO_MANIFEST_DIR"));
+        assert_success(
+            &bed.kubectl(&bed.target_kubeconfig, &["apply", "-k", &path]),
+            &format!("apply -k manifests/{dir}"),
+        );
+    }
+    let token = bed.kubectl(&bed.target_kubeconfig, &["-n", "restatus", "create", "token", "restatus-controller"]);
+    assert_success(&token, "create token");
+    let kubeconfig = bed.kubeconfig_with_token(&bed.target_kubeconfig, "restatus-controller", stdout(&token).trim());
+
+    // Sufficient: the controller, as this ServiceAccount, restores a moved fleet.
+    let spec = FleetSpec::new(&unique("rbac"), 4, 4, 2);
+    fleet::create(&bed.source().await, &spec, 8).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+    let controller = Controller::start(&bed, &kubeconfig, &storage, &spec.name, &selector, "restatus");
+    controller.wait_ready().await;
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+    assert!(controller.stop().success());
+
+    // Nothing more: no spec, label or foreign annotation writes; no creates, deletes, Secrets.
+    let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
+    let denied = [
+        vec!["patch", &server, "--type=merge", "-p", r#"{"spec":{"power":"Off"}}"#],
+        vec!["patch", &server, "--type=merge", "-p", r#"{"metadata":{"labels":{"x":"y"}}}"#],
+        vec!["patch", &server, "--type=merge", "-p", r#"{"metadata":{"annotations":{"other":"x"}}}"#],
+        vec!["delete", &server],
+        vec!["get", "secrets", "-A"],
+        vec!["-n", "restatus", "get", "secret", "restatus-s3"],
+        vec!["get", "bmcsecrets.metal.ironcore.dev"],
+        vec!["create", "namespace", "nope"],
+    ];
+    for args in denied {
+        let out = bed.kubectl(&kubeconfig, &args);
+        assert!(!out.status.success(), "{args:?} was allowed: {}", stdout(&out));
+        let err = stderr(&out);
+        assert!(err.contains("forbidden") || err.contains("denied request"), "{args:?}: {err}");
+    }
+    let allowed = [
+        vec![
+            "patch",
+            &server,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus"}}}"#,
+        ],
+        vec![
+            "patch",
+            &server,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":null,"restatus.ironcore.dev/quiesced-by":null}}}"#,
+        ],
+    ];
+    for args in allowed {
+        assert_success(&bed.kubectl(&kubeconfig, &args), &format!("{args:?}"));
+    }
+    // A status PATCH, as the controller makes it (kubectl would GET servers/status first,
+    // which the controller never needs and is not granted).
+    let as_controller = restatus::kubeconfig::client(Some(&kubeconfig), None).await.unwrap();
+    let servers = fleet::api_for(&as_controller, Profile::metal_operator().kind("Server").unwrap(), None);
+    let status = json!({"status": {"indicatorLED": "Off"}});
+    servers
+        .patch_status(&spec.server_name(0), &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("status patch allowed");
+}
