@@ -312,7 +312,7 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
     let target = s.bed.target().await;
     let store = s.bed.store(&s.storage, &s.cluster);
     let options = s.options();
-    let loaded = restore::choose_snapshot(&store, None).await.unwrap();
+    let loaded = restore::choose_snapshot(&store, None, false).await.unwrap();
     let live = restore::read_live(&target, &options.profile, &options.page()).await.unwrap();
     let plan = plan::plan(&PlanInput {
         profile: &options.profile,

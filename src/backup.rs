@@ -9,7 +9,7 @@ use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
-use crate::capture::{Collector, ListPage, PageRequest, fetch_page, reasons};
+use crate::capture::{CaptureSummary, Collector, ListPage, PageRequest, fetch_page, reasons};
 use crate::format::{Manifest, PayloadEncoder, SnapshotId};
 use crate::identity::{KindProfile, Profile};
 use crate::object::RawObject;
@@ -24,6 +24,10 @@ pub struct BackupOptions {
     /// Only objects with these labels (a Kubernetes label selector).
     pub selector: Option<String>,
     pub zstd_level: i32,
+    /// Captures to take at most while they come out inconsistent.
+    pub capture_attempts: u32,
+    /// Pause between two captures.
+    pub retry_delay: std::time::Duration,
 }
 
 impl BackupOptions {
@@ -32,27 +36,56 @@ impl BackupOptions {
     }
 
     pub fn new(profile: Profile) -> Self {
-        BackupOptions { profile, page_size: 500, selector: None, zstd_level: 3 }
+        BackupOptions {
+            profile,
+            page_size: 500,
+            selector: None,
+            zstd_level: 3,
+            capture_attempts: 3,
+            retry_delay: std::time::Duration::from_secs(2),
+        }
     }
 }
 
 /// Takes one snapshot of everything the profile names and returns its manifest.
+///
+/// Kinds are listed one after another, so a capture can straddle a change (a claim binding
+/// between the LIST of Servers and the LIST of ServerClaims). An inconsistent capture is
+/// discarded and taken again, up to `capture_attempts` times; the last one is written marked
+/// inconsistent, with its reasons.
 pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOptions) -> Result<Manifest> {
-    let created_at = Timestamp::now();
-    let id = SnapshotId::new(created_at);
-    let mut upload = store.payload_writer(&id);
-    match capture_into(client, &id, &mut upload, opts).await {
-        Ok((encoder, collector)) => {
-            let manifest = finish(store, &id, created_at, upload, encoder, collector, &opts.profile).await?;
-            info!(snapshot = %id, records = manifest.payload.records, bytes = manifest.payload.size, "snapshot written");
-            Ok(manifest)
-        }
-        Err(e) => {
-            if let Err(abort) = upload.abort().await {
-                warn!(snapshot = %id, error = %abort, "could not abort the payload upload; retention removes it later");
+    let mut attempt = 1;
+    loop {
+        let created_at = Timestamp::now();
+        let id = SnapshotId::new(created_at);
+        let mut upload = store.payload_writer(&id);
+        let (encoder, collector) = match capture_into(client, &id, &mut upload, opts).await {
+            Ok(captured) => captured,
+            Err(e) => {
+                if let Err(abort) = upload.abort().await {
+                    warn!(snapshot = %id, error = %abort, "could not abort the payload upload; retention removes it later");
+                }
+                return Err(e);
             }
-            Err(e)
+        };
+        let capture = collector.finish(attempt);
+        if !capture.consistency.consistent && attempt < opts.capture_attempts {
+            let first = &capture.consistency.reasons[0];
+            info!(attempt, reasons = capture.consistency.reasons.len(), example = %format!("{}: {}", first.object, first.reason),
+                "capture is inconsistent; capturing again");
+            let _ = upload.abort().await;
+            tokio::time::sleep(opts.retry_delay).await;
+            attempt += 1;
+            continue;
         }
+        let manifest = finish(store, &id, created_at, upload, encoder, capture, &opts.profile).await?;
+        if manifest.is_consistent() {
+            info!(snapshot = %id, records = manifest.payload.records, bytes = manifest.payload.size, "snapshot written");
+        } else {
+            warn!(snapshot = %id, attempts = attempt, reasons = manifest.consistency.as_ref().map_or(0, |c| c.reasons.len()),
+                "snapshot written, marked inconsistent: restore skips it unless --allow-inconsistent");
+        }
+        return Ok(manifest);
     }
 }
 
@@ -138,7 +171,7 @@ async fn finish(
     created_at: Timestamp,
     mut upload: BufWriter,
     encoder: PayloadEncoder,
-    collector: Collector,
+    capture: CaptureSummary,
     profile: &Profile,
 ) -> Result<Manifest> {
     let (tail, summary) = encoder.finish().map_err(|e| Error::io("finish zstd", e))?;
@@ -152,8 +185,7 @@ async fn finish(
         // PUT failed, or completing the multipart upload did). No manifest is written either way.
         return Err(Error::io(format!("upload payload of snapshot {id} to {}", store.location()), e));
     }
-    let manifest =
-        Manifest::new(store.cluster_id(), id.clone(), created_at, &profile.name, collector.finish(), summary);
+    let manifest = Manifest::new(store.cluster_id(), id.clone(), created_at, &profile.name, capture, summary);
     store.put_manifest(&manifest).await?;
     Ok(manifest)
 }

@@ -10,9 +10,10 @@ use kube::api::ListParams;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::format::{KeyConflict, KindCount, ObjectRef, Record, Skipped, is_carried};
+use crate::format::{Consistency, Inconsistency, KeyConflict, KindCount, ObjectRef, Record, Skipped, is_carried};
 use crate::identity::{IdentityKey, KindProfile};
 use crate::object::RawObject;
+use crate::pairing::{ClaimView, ServerView};
 use crate::{Error, Result};
 
 /// Why a kind or an object is not in the payload. Stable strings: they end up in manifests.
@@ -31,6 +32,10 @@ pub struct Collector {
     /// First owner of each (kind, primary key), to report collisions.
     owners: HashMap<(String, IdentityKey), ObjectRef>,
     conflicts: BTreeMap<(String, IdentityKey), Vec<ObjectRef>>,
+    /// What the consistency verdict looks at.
+    servers: Vec<ServerView>,
+    claims: Vec<ClaimView>,
+    transitional: Vec<Inconsistency>,
 }
 
 /// What the collector hands to the manifest.
@@ -38,6 +43,7 @@ pub struct CaptureSummary {
     pub kinds: Vec<KindCount>,
     pub skipped: Vec<Skipped>,
     pub conflicts: Vec<KeyConflict>,
+    pub consistency: Consistency,
 }
 
 impl Collector {
@@ -61,6 +67,7 @@ impl Collector {
             namespace: object.meta.namespace.as_ref().map(|n| n.to_string()),
             name: object.meta.name.to_string(),
         };
+        self.observe(kind, object, &reference);
         let keys = kind.keys_of(object);
         let skip = match (object.status(), keys.first()) {
             (None, _) => Some(reasons::NO_STATUS),
@@ -84,13 +91,34 @@ impl Collector {
         Some(record_of(kind, object, keys, status))
     }
 
-    pub fn finish(self) -> CaptureSummary {
-        let conflicts = self
+    /// Ends the capture with its consistency verdict (see [`judge`]).
+    pub fn finish(self, attempts: u32) -> CaptureSummary {
+        let conflicts: Vec<KeyConflict> = self
             .conflicts
             .into_iter()
             .map(|((kind, key), objects)| KeyConflict { kind, key: key.to_string(), objects })
             .collect();
-        CaptureSummary { kinds: self.kinds, skipped: self.skipped, conflicts }
+        let consistency = judge(&self.servers, &self.claims, self.transitional, &conflicts, attempts);
+        CaptureSummary { kinds: self.kinds, skipped: self.skipped, conflicts, consistency }
+    }
+
+    /// Notes what consistency needs: pairing views, transitional states, deletions.
+    fn observe(&mut self, kind: &KindProfile, object: &RawObject<'_>, reference: &ObjectRef) {
+        if kind.group == crate::pairing::METAL_GROUP {
+            match kind.kind.as_str() {
+                "Server" => self.servers.push(ServerView::from_raw(object)),
+                "ServerClaim" => self.claims.push(ClaimView::from_raw(object)),
+                _ => {}
+            }
+        }
+        let transitional = if object.meta.deletion_timestamp.is_some() {
+            Some("being deleted".to_string())
+        } else {
+            kind.transitional_state(object).map(|state| format!("in transitional state {state:?}"))
+        };
+        if let Some(reason) = transitional {
+            self.transitional.push(Inconsistency { object: reference.clone(), reason });
+        }
     }
 
     fn current(&mut self, kind: &KindProfile) -> &mut KindCount {
@@ -112,6 +140,45 @@ impl Collector {
             }
         }
     }
+}
+
+/// A capture is consistent when claims and servers pair up (every Bound ServerClaim's Server
+/// is Reserved and points back, no Reserved Server points to a missing or unbound claim), no
+/// claim is binding (not Bound, yet with a serverRef), no object is transitional or being
+/// deleted, and identity keys are unique.
+pub fn judge(
+    servers: &[ServerView],
+    claims: &[ClaimView],
+    transitional: Vec<Inconsistency>,
+    conflicts: &[KeyConflict],
+    attempts: u32,
+) -> Consistency {
+    let mut reasons: Vec<Inconsistency> = crate::pairing::check(servers, claims)
+        .into_iter()
+        .map(|v| Inconsistency { object: v.object, reason: v.reason })
+        .collect();
+    reasons.extend(transitional);
+    for claim in claims.iter().filter(|c| c.phase != "Bound" && c.server.is_some()) {
+        let object = ObjectRef {
+            kind: "ServerClaim".into(),
+            namespace: Some(claim.namespace.clone()),
+            name: claim.name.clone(),
+        };
+        let server = claim.server.as_deref().unwrap_or_default();
+        reasons
+            .push(Inconsistency { object, reason: format!("binding: {:?} with spec.serverRef {server}", claim.phase) });
+    }
+    for conflict in conflicts {
+        for object in &conflict.objects {
+            reasons.push(Inconsistency {
+                object: object.clone(),
+                reason: format!("shares identity key {}", conflict.key),
+            });
+        }
+    }
+    let reason_count = reasons.len();
+    reasons.truncate(Consistency::MAX_REASONS);
+    Consistency { consistent: reason_count == 0, attempts, reasons, reason_count }
 }
 
 fn record_of(kind: &KindProfile, object: &RawObject<'_>, keys: Vec<IdentityKey>, status: &RawValue) -> Record {
@@ -227,7 +294,7 @@ mod tests {
         assert_eq!(record.generation, Some(2));
         assert_eq!(record.status.get(), r#"{"state":"Reserved","powerState":"On"}"#);
         assert_eq!(record.annotations.keys().collect::<Vec<_>>(), ["metal.ironcore.dev/operation"]);
-        let summary = collector.finish();
+        let summary = collector.finish(1);
         assert_eq!(summary.kinds[0].records, 1);
         assert!(summary.skipped.is_empty() && summary.conflicts.is_empty());
     }
@@ -242,7 +309,7 @@ mod tests {
         assert!(
             collector.add(kind, &RawObject::parse(&server("s2", "", r#"{"state":"Available"}"#)).unwrap()).is_none()
         );
-        let summary = collector.finish();
+        let summary = collector.finish(1);
         assert_eq!((summary.kinds[0].records, summary.kinds[0].skipped), (0, 2));
         let reasons: Vec<_> = summary.skipped.iter().map(|s| (s.name.clone().unwrap(), s.reason.as_str())).collect();
         assert_eq!(reasons, [("s1".to_string(), reasons::NO_STATUS), ("s2".to_string(), reasons::NO_KEY)]);
@@ -258,7 +325,7 @@ mod tests {
             let uuid = if name == "c" { "other" } else { "SAME" };
             assert!(collector.add(kind, &RawObject::parse(&server(name, uuid, status)).unwrap()).is_some());
         }
-        let summary = collector.finish();
+        let summary = collector.finish(1);
         assert_eq!(summary.kinds[0].records, 3);
         assert_eq!(summary.conflicts.len(), 1);
         let conflict = &summary.conflicts[0];
@@ -280,5 +347,64 @@ mod tests {
         assert_eq!(last.next(), None);
         let err = ListPage::parse(kind, "<html>").err().unwrap().to_string();
         assert!(err.contains("Server.metal.ironcore.dev") && err.contains("not a list"), "{err}");
+    }
+
+    fn consistency_of(objects: &[(&str, &str)]) -> Consistency {
+        let profile = Profile::metal_operator();
+        let mut collector = Collector::new();
+        for (kind, json) in objects {
+            collector.add(profile.kind(kind).unwrap(), &RawObject::parse(json).unwrap());
+        }
+        collector.finish(2).consistency
+    }
+
+    fn reasons(c: &Consistency) -> Vec<String> {
+        c.reasons.iter().map(|r| format!("{}: {}", r.object, r.reason)).collect()
+    }
+
+    const RESERVED: &str = r#"{"metadata":{"name":"s1"},"spec":{"systemUUID":"u1","serverClaimRef":{"namespace":"a","name":"c1"}},"status":{"state":"Reserved"}}"#;
+    const BOUND: &str =
+        r#"{"metadata":{"name":"c1","namespace":"a"},"spec":{"serverRef":{"name":"s1"}},"status":{"phase":"Bound"}}"#;
+
+    #[test]
+    fn a_paired_fleet_is_consistent() {
+        let c = consistency_of(&[("Server", RESERVED), ("ServerClaim", BOUND)]);
+        assert!(c.consistent, "{:?}", reasons(&c));
+        assert_eq!(c.attempts, 2);
+    }
+
+    #[test]
+    fn a_capture_that_straddles_a_binding_is_inconsistent() {
+        // The claim was listed Bound, the server before it became Reserved.
+        let available = r#"{"metadata":{"name":"s1"},"spec":{"systemUUID":"u1"},"status":{"state":"Available"}}"#;
+        let c = consistency_of(&[("Server", available), ("ServerClaim", BOUND)]);
+        assert!(!c.consistent);
+        assert_eq!(reasons(&c), ["ServerClaim a/c1: Bound to Server s1, which is \"Available\", not Reserved"]);
+        let binding = r#"{"metadata":{"name":"c1","namespace":"a"},"spec":{"serverRef":{"name":"s1"}},"status":{"phase":"Unbound"}}"#;
+        let c = consistency_of(&[("Server", available), ("ServerClaim", binding)]);
+        assert_eq!(reasons(&c), ["ServerClaim a/c1: binding: \"Unbound\" with spec.serverRef s1"]);
+    }
+
+    #[test]
+    fn transitional_and_deleted_objects_and_key_conflicts_are_inconsistent() {
+        let discovery = r#"{"metadata":{"name":"s2"},"spec":{"systemUUID":"u2"},"status":{"state":"Discovery"}}"#;
+        let deleting = r#"{"metadata":{"name":"b1","deletionTimestamp":"2026-11-30T09:00:00Z"},"spec":{"bmcUUID":"x"},"status":{"state":"Enabled"}}"#;
+        let twin = r#"{"metadata":{"name":"s3"},"spec":{"systemUUID":"U2"},"status":{"state":"Available"}}"#;
+        let c = consistency_of(&[("BMC", deleting), ("Server", discovery), ("Server", twin)]);
+        assert_eq!(
+            reasons(&c),
+            [
+                "BMC b1: being deleted",
+                "Server s2: in transitional state \"Discovery\"",
+                "Server s2: shares identity key spec.systemUUID=u2",
+                "Server s3: shares identity key spec.systemUUID=u2",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unbound_claim_without_server_is_at_rest() {
+        let waiting = r#"{"metadata":{"name":"c9","namespace":"a"},"spec":{},"status":{"phase":"Unbound"}}"#;
+        assert!(consistency_of(&[("ServerClaim", waiting)]).consistent);
     }
 }

@@ -32,6 +32,7 @@ pub struct ControllerOptions {
     pub profile: Profile,
     pub selector: Option<String>,
     pub force: bool,
+    pub allow_inconsistent: bool,
     pub concurrency: usize,
     /// How often to look for a newer snapshot.
     pub snapshot_refresh: Duration,
@@ -204,7 +205,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
 /// Loads the newest good snapshot if it is not the one in use. True when it changed.
 async fn refresh_snapshot(ctx: &Context) -> bool {
     let current = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
-    match choose_snapshot(&ctx.store, None).await {
+    match choose_snapshot(&ctx.store, None, ctx.options.allow_inconsistent).await {
         Ok(loaded) if Some(&loaded.manifest.snapshot_id) != current.as_ref() => {
             info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), "using snapshot");
             ctx.metrics.snapshot_timestamp.set(loaded.manifest.created_at.as_millisecond() as f64 / 1000.0);
@@ -383,7 +384,12 @@ mod tests {
             })
             .collect();
         let manifest_id = SnapshotId::new("2026-11-30T09:00:00Z".parse().unwrap());
-        let capture = crate::capture::CaptureSummary { kinds: vec![], skipped: vec![], conflicts: vec![] };
+        let capture = crate::capture::CaptureSummary {
+            kinds: vec![],
+            skipped: vec![],
+            conflicts: vec![],
+            consistency: crate::capture::judge(&[], &[], vec![], &[], 1),
+        };
         let summary =
             crate::format::PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0 };
         let manifest = Manifest::new("c", manifest_id, "2026-11-30T09:00:00Z".parse().unwrap(), "t", capture, summary);

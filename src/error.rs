@@ -23,6 +23,10 @@ pub enum Error {
     #[error("snapshot {0}: not found (no manifest)")]
     SnapshotNotFound(String),
 
+    /// A snapshot whose capture was inconsistent, asked for without `--allow-inconsistent`.
+    #[error("snapshot {snapshot}: {reason}")]
+    Inconsistent { snapshot: String, reason: String },
+
     /// No complete snapshot of the cluster verified.
     #[error(
         "no good snapshot of cluster {cluster:?} in {location} ({passed_over} complete snapshots failed verification)"

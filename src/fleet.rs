@@ -24,6 +24,8 @@ pub struct FleetSpec {
     /// Claims, spread round-robin over `namespaces`; claim `i` binds server `i`.
     pub claims: usize,
     pub namespaces: Vec<String>,
+    /// Set each object's status after creating it (false: objects as a move leaves them).
+    pub with_status: bool,
 }
 
 impl FleetSpec {
@@ -34,7 +36,14 @@ impl FleetSpec {
             bmcs,
             claims: claims.min(servers),
             namespaces: vec!["team-a".into(), "team-b".into()],
+            with_status: true,
         }
+    }
+
+    /// Seeds identities (UUIDs, serials, MACs) by fleet name, so two fleets on one cluster
+    /// do not share keys.
+    fn seed(&self) -> u64 {
+        self.name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
     }
 
     pub fn total(&self) -> usize {
@@ -55,7 +64,7 @@ impl FleetSpec {
 
     /// Server `i` as (object without status, status).
     pub fn server(&self, i: usize) -> (Value, Value) {
-        let h = mix(i as u64 ^ 0x5e4e_0000);
+        let h = mix(i as u64 ^ 0x5e4e_0000 ^ self.seed());
         let mut spec = json!({
             "systemUUID": uuid(h),
             "bmcRef": {"name": self.bmc_name(i % self.bmcs.max(1))},
@@ -72,12 +81,12 @@ impl FleetSpec {
             "spec": spec,
         });
         let state = if i < self.claims { "Reserved" } else { "Available" };
-        (object, server_status(i, h, state))
+        (object, server_status(i, h, self.seed(), state))
     }
 
     pub fn bmc(&self, i: usize) -> (Value, Value) {
-        let h = mix(i as u64 ^ 0xb3c0_0000);
-        let mac = vendor_mac(h, 0);
+        let h = mix(i as u64 ^ 0xb3c0_0000 ^ self.seed());
+        let mac = vendor_mac(BMC_OUI, self.seed().wrapping_add(i as u64), 0);
         let object = json!({
             "apiVersion": "metal.ironcore.dev/v1alpha1",
             "kind": "BMC",
@@ -123,21 +132,21 @@ impl FleetSpec {
 /// Servers per rack: NICs connect to the rack's two leaf switches, IPs follow rack subnets.
 const RACK: usize = 40;
 
-fn server_status(i: usize, h: u64, state: &str) -> Value {
+fn server_status(i: usize, h: u64, seed: u64, state: &str) -> Value {
     let (rack, slot) = (i / RACK, i % RACK);
     // Four dual-port cards: the two ports of a card have consecutive MACs, as on real NICs.
     let nics: Vec<Value> = (0..8u64)
         .map(|n| {
-            let card = mix(h ^ (n / 2));
+            let card = seed.wrapping_add(i as u64 * 4 + n / 2);
             let leaf = rack * 2 + (n as usize % 2);
             json!({
                 "name": format!("eno{}np{}", n / 2 + 1, n % 2),
-                "macAddress": vendor_mac(card, n % 2),
+                "macAddress": vendor_mac(NIC_OUI, card, n % 2),
                 "ip": format!("10.{}.{}.{}", rack % 256, n, slot + 10),
                 "ips": [format!("10.{}.{}.{}", rack % 256, n, slot + 10), format!("fd00:{rack:x}:{n}::{:x}", slot + 10)],
                 "carrierStatus": if n < 6 { "Up" } else { "Down" },
                 "neighbors": [{
-                    "macAddress": vendor_mac(mix(leaf as u64 ^ 0x1eaf), 0),
+                    "macAddress": vendor_mac(SWITCH_OUI, leaf as u64, 0),
                     "portID": format!("Ethernet{}", slot * 4 + (n as usize / 2) + 1),
                     "portDescription": format!("rack-{rack:03} slot-{slot:02} {}", server_label(i)),
                     "systemName": format!("leaf-{leaf:04}.dc1"),
@@ -224,11 +233,17 @@ fn uuid(h: u64) -> String {
     )
 }
 
-/// A MAC with a vendor prefix and a random device part; `port` adds to it like NIC ports do.
-fn vendor_mac(h: u64, port: u64) -> String {
-    let device = (h & 0x00ff_fffe) + port;
-    format!("b8:ce:f6:{:02x}:{:02x}:{:02x}", (device >> 16) & 0xff, (device >> 8) & 0xff, device & 0xff)
+/// A MAC with a vendor prefix and a device part unique to `device` (< 2^23, as real vendors
+/// hand out each address once): an odd multiplier permutes the space, so neighbours in the
+/// fleet do not get neighbouring addresses; `port` 0 or 1 selects a port of a dual-port card.
+fn vendor_mac(oui: &str, device: u64, port: u64) -> String {
+    let part = ((device.wrapping_mul(0x9E37_79B1) & 0x7f_ffff) << 1) | (port & 1);
+    format!("{oui}:{:02x}:{:02x}:{:02x}", (part >> 16) & 0xff, (part >> 8) & 0xff, part & 0xff)
 }
+
+const NIC_OUI: &str = "b8:ce:f6";
+const BMC_OUI: &str = "d0:94:66";
+const SWITCH_OUI: &str = "0c:42:a1";
 
 /// BMCs sit in a management subnet per rack.
 fn bmc_ip(i: usize) -> String {
@@ -249,7 +264,7 @@ pub async fn create(client: &kube::Client, spec: &FleetSpec, concurrency: usize)
     work.extend((0..spec.servers).map(|i| spec.server(i)).map(|(o, s)| (kind("Server"), o, s)));
     work.extend((0..spec.claims).map(|i| spec.claim(i)).map(|(o, s)| (kind("ServerClaim"), o, s)));
     stream::iter(work)
-        .map(|(kind, object, status)| create_with_status(client, kind, object, status))
+        .map(|(kind, object, status)| create_with_status(client, kind, object, spec.with_status.then_some(status)))
         .buffer_unordered(concurrency.max(1))
         .try_collect::<Vec<()>>()
         .await?;
@@ -266,7 +281,12 @@ pub fn api_for(client: &kube::Client, kind: &KindProfile, namespace: Option<&str
     }
 }
 
-async fn create_with_status(client: &kube::Client, kind: KindProfile, object: Value, status: Value) -> Result<()> {
+async fn create_with_status(
+    client: &kube::Client,
+    kind: KindProfile,
+    object: Value,
+    status: Option<Value>,
+) -> Result<()> {
     let namespace = object["metadata"]["namespace"].as_str().map(str::to_string);
     let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let api = api_for(client, &kind, namespace.as_deref());
@@ -282,9 +302,11 @@ async fn create_with_status(client: &kube::Client, kind: KindProfile, object: Va
         Err(kube::Error::Api(s)) if s.is_already_exists() => {}
         Err(e) => return Err(Error::kube(context("create"), e)),
     }
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
-        .await
-        .map_err(|e| Error::kube(context("set status of"), e))?;
+    if let Some(status) = status {
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
+            .await
+            .map_err(|e| Error::kube(context("set status of"), e))?;
+    }
     Ok(())
 }
 
@@ -320,6 +342,16 @@ mod tests {
         assert_eq!(claim["metadata"]["namespace"], "team-b");
         assert_eq!(claim["spec"]["serverRef"]["name"], spec.server_name(1));
         assert_eq!(phase["phase"], "Bound");
+        let macs: std::collections::HashSet<String> =
+            (0..5000).map(|i| spec.bmc(i).0["spec"]["access"]["macAddress"].as_str().unwrap().to_string()).collect();
+        assert_eq!(macs.len(), 5000, "BMC MACs are identity keys: unique by construction");
+        let other = FleetSpec::new("u", 10, 10, 4);
+        assert_ne!(
+            other.server(0).0["spec"]["systemUUID"],
+            a["spec"]["systemUUID"],
+            "fleets have their own identities"
+        );
+        assert_ne!(other.bmc(0).0["spec"]["access"]["macAddress"], spec.bmc(0).0["spec"]["access"]["macAddress"]);
         let bytes = serde_json::to_vec(&sa).unwrap().len();
         assert!((4_000..12_000).contains(&bytes), "server status is {bytes} bytes");
     }

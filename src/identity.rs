@@ -67,10 +67,14 @@ pub struct KindProfile {
     /// restore may overwrite it. An empty status always counts as initial.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initial_states: Option<InitialStates>,
+    /// States in which an object is still settling: a capture that sees one is inconsistent
+    /// and a move is not safe yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transitional_states: Option<InitialStates>,
 }
 
-/// A status is initial when the string at `path` (inside the status) is one of `values`;
-/// an absent field reads as "".
+/// A status is in one of these states when the string at `path` (inside the status) is one of
+/// `values`; an absent field reads as "".
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InitialStates {
@@ -94,12 +98,25 @@ impl KindProfile {
             namespaced,
             keys,
             initial_states: None,
+            transitional_states: None,
         }
+    }
+
+    fn with_transitional(mut self, path: &str, values: &[&str]) -> Self {
+        self.transitional_states = Some(InitialStates::new(path, values));
+        self
     }
 
     fn with_initial(mut self, path: &str, values: &[&str]) -> Self {
         self.initial_states = Some(InitialStates::new(path, values));
         self
+    }
+
+    /// The state of an object that is still settling (Server `Initial` or `Discovery`).
+    pub fn transitional_state(&self, object: &RawObject<'_>) -> Option<String> {
+        let states = self.transitional_states.as_ref()?;
+        let state = object.string_at(&format!("status.{}", states.path))?;
+        states.values.contains(&state).then_some(state)
     }
 
     /// Whether a live status (JSON) is empty or in one of the kind's initial states.
@@ -187,7 +204,8 @@ impl Profile {
                 .with_initial("state", &["", "Pending"]),
                 // metal-operator sends a Server with empty status to Initial, then Discovery.
                 KindProfile::new("Server", "servers", false, vec![KeyField::new("spec.systemUUID", true)])
-                    .with_initial("state", &["", "Initial", "Discovery"]),
+                    .with_initial("state", &["", "Initial", "Discovery"])
+                    .with_transitional("state", &["Initial", "Discovery"]),
                 KindProfile::new("ServerClaim", "serverclaims", true, nn()).with_initial("phase", &["", "Unbound"]),
                 KindProfile::new("Endpoint", "endpoints", false, vec![KeyField::new("spec.macAddress", true)]),
                 KindProfile::new("ServerMaintenance", "servermaintenances", true, nn()),

@@ -80,6 +80,10 @@ struct BackupArgs {
     /// Objects per LIST page.
     #[arg(long, default_value_t = 500)]
     page_size: u32,
+    /// Captures to take at most while they come out inconsistent; the last is written anyway,
+    /// marked inconsistent.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    capture_attempts: u32,
     /// zstd level (1-19).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
     zstd_level: i32,
@@ -98,6 +102,9 @@ struct RestoreArgs {
     /// Print the plan, with the status fields each restore would write; write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Also use snapshots whose capture was inconsistent.
+    #[arg(long)]
+    allow_inconsistent: bool,
     /// Objects written at once.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -124,6 +131,9 @@ struct ControllerArgs {
     /// Overwrite live statuses that moved on after the snapshot.
     #[arg(long)]
     force: bool,
+    /// Also use snapshots whose capture was inconsistent.
+    #[arg(long)]
+    allow_inconsistent: bool,
     /// Objects written at once.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -223,6 +233,7 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
         profile,
         selector: g.selector.clone(),
         force: args.force,
+        allow_inconsistent: args.allow_inconsistent,
         concurrency: args.concurrency.max(1),
         snapshot_refresh: args.snapshot_refresh,
         batch_window: Duration::from_millis(50),
@@ -256,6 +267,7 @@ async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result
         snapshot: args.snapshot,
         force: args.force,
         dry_run: args.dry_run,
+        allow_inconsistent: args.allow_inconsistent,
         concurrency: args.concurrency.max(1),
         selector: g.selector.clone(),
         ..RestoreOptions::new(profile)

@@ -28,6 +28,12 @@ pub struct SnapshotRow {
     pub uncompressed_bytes: Option<u64>,
     pub conflicts: usize,
     pub skipped: usize,
+    /// `consistent`, `inconsistent`, or `unchecked` (format 1.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<String>,
+    /// Why the capture is inconsistent (the first few reasons).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub inconsistencies: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -46,6 +52,8 @@ pub async fn snapshot_rows(store: &SnapshotStore, entries: &[SnapshotEntry]) -> 
             uncompressed_bytes: None,
             conflicts: 0,
             skipped: 0,
+            consistency: None,
+            inconsistencies: vec![],
             error: None,
         };
         if entry.complete {
@@ -70,6 +78,14 @@ fn fill(row: &mut SnapshotRow, m: &Manifest) {
     row.uncompressed_bytes = Some(m.payload.uncompressed_size);
     row.conflicts = m.conflicts.len();
     row.skipped = m.skipped.len();
+    row.consistency = Some(match &m.consistency {
+        None => "unchecked".into(),
+        Some(c) if c.consistent => "consistent".into(),
+        Some(c) => {
+            row.inconsistencies = c.reasons.iter().take(5).map(|r| format!("{}: {}", r.object, r.reason)).collect();
+            "inconsistent".into()
+        }
+    });
 }
 
 pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
@@ -80,6 +96,7 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
                 r.id.clone(),
                 r.state.clone(),
                 r.created_at.clone().unwrap_or_default(),
+                r.consistency.clone().unwrap_or_default(),
                 r.records.map(|n| n.to_string()).unwrap_or_default(),
                 r.payload_bytes.map(human_bytes).unwrap_or_default(),
                 r.conflicts.to_string(),
@@ -88,7 +105,7 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
             ]
         })
         .collect();
-    table(&["ID", "STATE", "CREATED", "RECORDS", "SIZE", "CONFLICTS", "SKIPPED", "ERROR"], body)
+    table(&["ID", "STATE", "CREATED", "CONSISTENCY", "RECORDS", "SIZE", "CONFLICTS", "SKIPPED", "ERROR"], body)
 }
 
 /// `snapshots show` as text: the manifest's summary, per-kind counts, conflicts and skips.
@@ -115,6 +132,19 @@ pub fn manifest_text(m: &Manifest) -> String {
         .map(|k| vec![k.kind.clone(), k.api_version.clone(), k.records.to_string(), k.skipped.to_string()])
         .collect();
     out += &table(&["KIND", "API VERSION", "RECORDS", "SKIPPED"], kinds);
+    match &m.consistency {
+        Some(c) if !c.consistent => {
+            out += &format!(
+                "\nInconsistent capture ({} reasons, {} attempts); restore skips it unless --allow-inconsistent:\n",
+                c.reason_count, c.attempts
+            );
+            for r in &c.reasons {
+                out += &format!("  {}: {}\n", r.object, r.reason);
+            }
+        }
+        Some(c) => out += &format!("\nConsistent capture ({} attempts)\n", c.attempts),
+        None => out += "\nConsistency not checked (format 1.0)\n",
+    }
     if !m.conflicts.is_empty() {
         out += "\nKey conflicts (restore treats these as ambiguous):\n";
         for c in &m.conflicts {

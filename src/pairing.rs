@@ -9,6 +9,9 @@ use serde::Serialize;
 use crate::format::ObjectRef;
 use crate::object::RawObject;
 
+/// The API group whose Servers and ServerClaims pair up.
+pub const METAL_GROUP: &str = "metal.ironcore.dev";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerView {
     pub name: String,

@@ -43,6 +43,8 @@ pub struct RestoreOptions {
     pub snapshot: Option<SnapshotId>,
     pub force: bool,
     pub dry_run: bool,
+    /// Use snapshots whose capture was inconsistent.
+    pub allow_inconsistent: bool,
     /// Writes in flight at once.
     pub concurrency: usize,
     pub page_size: u32,
@@ -61,6 +63,7 @@ impl RestoreOptions {
             snapshot: None,
             force: false,
             dry_run: false,
+            allow_inconsistent: false,
             concurrency: 16,
             page_size: 500,
             selector: None,
@@ -82,8 +85,13 @@ pub struct Loaded {
     pub passed_over: Vec<Passed>,
 }
 
-/// Loads the pinned snapshot, or the newest complete one that verifies.
-pub async fn choose_snapshot(store: &SnapshotStore, pinned: Option<&SnapshotId>) -> Result<Loaded> {
+/// Loads the pinned snapshot, or the newest complete one that verifies and, unless
+/// `allow_inconsistent`, is consistent.
+pub async fn choose_snapshot(
+    store: &SnapshotStore,
+    pinned: Option<&SnapshotId>,
+    allow_inconsistent: bool,
+) -> Result<Loaded> {
     let load = |id: SnapshotId| async move {
         let mut records = Vec::new();
         let manifest = store
@@ -94,13 +102,27 @@ pub async fn choose_snapshot(store: &SnapshotStore, pinned: Option<&SnapshotId>)
             .await?;
         Ok::<_, Error>((manifest, records))
     };
+    let inconsistent = |manifest: &Manifest| {
+        let (count, first) = match &manifest.consistency {
+            Some(c) => (c.reason_count, c.reasons.first().map(|r| format!(", first: {}: {}", r.object, r.reason))),
+            None => (0, None),
+        };
+        format!("inconsistent capture ({count} reasons{}); --allow-inconsistent uses it", first.unwrap_or_default())
+    };
     if let Some(id) = pinned {
         let (manifest, records) = load(id.clone()).await?;
+        if !manifest.is_consistent() && !allow_inconsistent {
+            return Err(Error::Inconsistent { snapshot: id.to_string(), reason: inconsistent(&manifest) });
+        }
         return Ok(Loaded { manifest, records, passed_over: vec![] });
     }
     let mut passed_over = Vec::new();
     for entry in store.list().await?.into_iter().rev().filter(|e| e.complete) {
         match load(entry.id.clone()).await {
+            Ok((manifest, _)) if !manifest.is_consistent() && !allow_inconsistent => {
+                warn!(snapshot = %entry.id, "snapshot is inconsistent; trying the previous one");
+                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: inconsistent(&manifest) });
+            }
             Ok((manifest, records)) => return Ok(Loaded { manifest, records, passed_over }),
             Err(e @ (Error::Store { .. } | Error::Io { .. })) => return Err(e),
             Err(e) => {
@@ -197,7 +219,7 @@ impl RestoreReport {
 
 /// One-shot restore: choose, plan, apply (unless dry run), verify pairing.
 pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOptions) -> Result<RestoreReport> {
-    let loaded = choose_snapshot(store, opts.snapshot.as_ref()).await?;
+    let loaded = choose_snapshot(store, opts.snapshot.as_ref(), opts.allow_inconsistent).await?;
     let manifest = &loaded.manifest;
     info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), "snapshot loaded and verified");
     let live = read_live(client, &opts.profile, &opts.page()).await?;

@@ -47,7 +47,12 @@ fn encode(records: &[Record]) -> (Vec<u8>, restatus::format::PayloadSummary) {
 }
 
 fn empty_capture() -> CaptureSummary {
-    CaptureSummary { kinds: vec![], skipped: vec![], conflicts: vec![] }
+    CaptureSummary {
+        kinds: vec![],
+        skipped: vec![],
+        conflicts: vec![],
+        consistency: restatus::capture::judge(&[], &[], vec![], &[], 1),
+    }
 }
 
 /// Writes a snapshot the way a backup does: payload, then manifest.

@@ -21,6 +21,9 @@ struct Args {
     bmcs: usize,
     #[arg(long, default_value_t = 20)]
     claims: usize,
+    /// Create the objects without status, as `clusterctl move` leaves them.
+    #[arg(long)]
+    no_status: bool,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
@@ -31,9 +34,11 @@ async fn main() -> Result<()> {
     restatus::telemetry::init(restatus::telemetry::LogFormat::Plain);
     let args = Args::parse();
     let client = restatus::kubeconfig::client(args.kubeconfig.as_deref(), None).await?;
-    let spec = FleetSpec::new(&args.name, args.servers, args.bmcs, args.claims);
+    let spec =
+        FleetSpec { with_status: !args.no_status, ..FleetSpec::new(&args.name, args.servers, args.bmcs, args.claims) };
     let started = std::time::Instant::now();
     fleet::create(&client, &spec, args.concurrency).await?;
-    eprintln!("created {} objects with status in {:.1?}", spec.total(), started.elapsed());
+    let what = if spec.with_status { "with status" } else { "without status" };
+    eprintln!("created {} objects {what} in {:.1?}", spec.total(), started.elapsed());
     Ok(())
 }

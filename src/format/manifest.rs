@@ -72,6 +72,36 @@ pub struct Manifest {
     /// Identity keys that more than one object of a kind carried in this capture.
     #[serde(default)]
     pub conflicts: Vec<KeyConflict>,
+    /// Whether the capture is a consistent picture of the fleet (format 1.1; absent in 1.0
+    /// manifests, which count as consistent: their writers did not check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<Consistency>,
+}
+
+/// The consistency verdict of a capture, with every reason it is not consistent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Consistency {
+    pub consistent: bool,
+    /// Captures taken before this one was written (the earlier ones were inconsistent).
+    pub attempts: u32,
+    /// The first [`Consistency::MAX_REASONS`] reasons; `reasonCount` has them all.
+    #[serde(default)]
+    pub reasons: Vec<Inconsistency>,
+    #[serde(default)]
+    pub reason_count: usize,
+}
+
+impl Consistency {
+    /// Reasons kept in a manifest: enough to act on, few enough to keep manifests small.
+    pub const MAX_REASONS: usize = 100;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inconsistency {
+    pub object: ObjectRef,
+    pub reason: String,
 }
 
 impl Manifest {
@@ -104,7 +134,13 @@ impl Manifest {
             },
             skipped: capture.skipped,
             conflicts: capture.conflicts,
+            consistency: Some(capture.consistency),
         }
+    }
+
+    /// Consistent, or written by a restatus that did not judge (format 1.0).
+    pub fn is_consistent(&self) -> bool {
+        self.consistency.as_ref().is_none_or(|c| c.consistent)
     }
 
     /// Parses a manifest and refuses other major versions before looking at anything else,

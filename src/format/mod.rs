@@ -9,14 +9,16 @@ mod payload;
 mod record;
 
 pub use id::SnapshotId;
-pub use manifest::{FormatVersion, KeyConflict, KindCount, Manifest, ObjectRef, PayloadInfo, Skipped};
+pub use manifest::{
+    Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest, ObjectRef, PayloadInfo, Skipped,
+};
 pub use payload::{PayloadEncoder, PayloadSummary, decode_records, verify_payload};
 pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, is_carried};
 
 /// The major format version this build writes and reads. Readers refuse other majors.
 pub const FORMAT_MAJOR: u32 = 1;
 /// The minor version this build writes. Readers accept any minor of their major.
-pub const FORMAT_MINOR: u32 = 0;
+pub const FORMAT_MINOR: u32 = 1;
 
 /// Object names inside a snapshot's folder.
 pub const MANIFEST_FILE: &str = "manifest.json";

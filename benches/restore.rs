@@ -1,0 +1,225 @@
+//! Restore benchmark on the bench test bed (run by `scripts/bench`, which creates the fleets):
+//! after a simulated move of 10k Servers + 5k ServerClaims (objects on the target without
+//! status), `restatus restore` against a bare loop that issues the same API writes at the
+//! same concurrency on an identical set of objects, against a `kubectl patch
+//! --subresource=status` loop (today's manual way; timed on a sample and scaled), and the
+//! controller's delay from an object's creation to its restored status.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use restatus::backup::{self, BackupOptions};
+use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
+use restatus::format::Record;
+use restatus::identity::Profile;
+use restatus::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+use restatus::restore::{self, RestoreOptions};
+use restatus::store::SnapshotStore;
+use serde_json::json;
+
+const CONCURRENCY: usize = 16;
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} unset: run scripts/bench"))
+}
+
+fn servers_and_claims() -> Profile {
+    let all = Profile::metal_operator();
+    Profile {
+        name: "servers-and-claims".into(),
+        kinds: all.kinds.into_iter().filter(|k| k.kind == "Server" || k.kind == "ServerClaim").collect(),
+    }
+}
+
+/// The same three writes restatus makes per object (quiesce, status, release), no planning.
+async fn bare_loop(client: &kube::Client, profile: &Profile, records: &[Record], rename: &str) -> (Duration, usize) {
+    let started = Instant::now();
+    let mut writes = 0;
+    for kind in &profile.kinds {
+        let of_kind: Vec<&Record> = records.iter().filter(|r| r.kind == kind.kind).collect();
+        let done: Vec<usize> = stream::iter(of_kind)
+            .map(|record| async move {
+                let name = record.name.replacen("bench-", rename, 1);
+                let api = fleet::api_for(client, kind, record.namespace.as_deref());
+                let params = PatchParams { field_manager: Some("bare".into()), ..Default::default() };
+                let quiesce = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: "bare"}}});
+                api.patch(&name, &params, &Patch::Merge(&quiesce)).await.unwrap();
+                let status: serde_json::Value = serde_json::from_str(record.status.get()).unwrap();
+                api.patch_status(&name, &params, &Patch::Merge(&json!({ "status": status }))).await.unwrap();
+                let release = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null}}});
+                api.patch(&name, &params, &Patch::Merge(&release)).await.unwrap();
+                3
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        writes += done.iter().sum::<usize>();
+    }
+    (started.elapsed(), writes)
+}
+
+/// `kubectl patch --subresource=status` per object, one after the other, on `sample` objects.
+fn kubectl_loop(kubeconfig: &str, records: &[Record], sample: usize) -> Duration {
+    let kubectl = Path::new(&env("RESTATUS_BIN")).join("kubectl");
+    let started = Instant::now();
+    for (i, record) in records.iter().filter(|r| r.kind == "Server").take(sample).enumerate() {
+        let name = format!("manual-server-{i:05}");
+        let patch =
+            json!({ "status": serde_json::from_str::<serde_json::Value>(record.status.get()).unwrap() }).to_string();
+        let out = Command::new(&kubectl)
+            .args([
+                "--kubeconfig",
+                kubeconfig,
+                "patch",
+                "servers.metal.ironcore.dev",
+                &name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+            ])
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "kubectl patch {name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    started.elapsed()
+}
+
+/// Controller mode: creates `n` objects without status, one every `pace`, and returns the
+/// median time from each create's response to its restored status (seen by a watch).
+async fn controller_latency(
+    target: &kube::Client,
+    kubeconfig: &str,
+    storage: &str,
+    cluster: &str,
+    n: usize,
+) -> (Duration, Duration) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args(["controller", "--kubeconfig", kubeconfig, "--selector", &format!("{FLEET_LABEL}=ctl")])
+        .args(["--lease-namespace", "default", "--http-addr", &format!("127.0.0.1:{port}")])
+        .env("RESTATUS_STORAGE", storage)
+        .env("RESTATUS_CLUSTER_ID", cluster)
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let ready = Instant::now();
+    loop {
+        let out = Command::new("curl").args(["-sf", &format!("http://127.0.0.1:{port}/readyz")]).output().unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(ready.elapsed() < Duration::from_secs(60), "controller not ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let spec = FleetSpec::new("ctl", n, 0, 0);
+    let servers = fleet::api_for(target, Profile::metal_operator().kind("Server").unwrap(), None);
+    let watch = {
+        let servers = servers.clone();
+        tokio::spawn(async move {
+            let mut restored: HashMap<String, Instant> = HashMap::new();
+            let config = watcher::Config::default().labels(&format!("{FLEET_LABEL}=ctl"));
+            let mut events = watcher(servers, config).boxed();
+            while restored.len() < n {
+                if let Some(watcher::Event::Apply(o)) = events.try_next().await.unwrap() {
+                    if o.data.get("status").and_then(|s| s.get("state")).is_some() {
+                        restored.entry(o.metadata.name.clone().unwrap()).or_insert_with(Instant::now);
+                    }
+                }
+            }
+            restored
+        })
+    };
+    let mut created = HashMap::new();
+    for i in 0..n {
+        let object = serde_json::from_value(spec.server(i).0).unwrap();
+        servers.create(&PostParams::default(), &object).await.unwrap();
+        created.insert(spec.server_name(i), Instant::now());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let restored =
+        tokio::time::timeout(Duration::from_secs(120), watch).await.expect("controller restored all").unwrap();
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let _ = child.wait();
+    let mut delays: Vec<Duration> =
+        created.iter().map(|(name, t)| restored[name].saturating_duration_since(*t)).collect();
+    delays.sort();
+    (delays[delays.len() / 2], delays[delays.len() * 9 / 10])
+}
+
+#[tokio::main]
+async fn main() {
+    let source_kc = env("KUBECONFIG_SOURCE");
+    let target_kc = env("KUBECONFIG_TARGET");
+    let source = restatus::kubeconfig::client(Some(Path::new(&source_kc)), None).await.unwrap();
+    let target = restatus::kubeconfig::client(Some(Path::new(&target_kc)), None).await.unwrap();
+    let profile = servers_and_claims();
+    let storage = format!("s3://{}/bench-restore", env("RESTATUS_BUCKET"));
+    let cluster = format!("bench-src-{}", Timestamp::now().as_second());
+    let store = SnapshotStore::open(&storage, &cluster).unwrap();
+
+    // The snapshot: the bench fleet and the controller's fleet, Servers and ServerClaims.
+    let options = BackupOptions {
+        selector: Some(format!("{FLEET_LABEL} in (bench,ctl)")),
+        ..BackupOptions::new(profile.clone())
+    };
+    let manifest = backup::run(&source, &store, &options).await.unwrap();
+    let loaded = restore::choose_snapshot(&store, Some(&manifest.snapshot_id), false).await.unwrap();
+    let bench_records: Vec<Record> = loaded.records.iter().filter(|r| r.name.starts_with("bench-")).cloned().collect();
+    let objects = bench_records.len();
+    let unset = fleet::api_for(&target, profile.kind("Server").unwrap(), None)
+        .list(&ListParams::default().labels(&format!("{FLEET_LABEL}=bench")).limit(1))
+        .await
+        .unwrap();
+    assert!(
+        unset.items.iter().all(|o| o.data.get("status").is_none()),
+        "target fleet already restored: run scripts/bench without BENCH_KEEP"
+    );
+
+    let restore_options = RestoreOptions {
+        selector: Some(format!("{FLEET_LABEL}=bench")),
+        concurrency: CONCURRENCY,
+        snapshot: Some(manifest.snapshot_id.clone()),
+        ..RestoreOptions::new(profile.clone())
+    };
+    let started = Instant::now();
+    let report = restore::run(&target, &store, &restore_options).await.unwrap();
+    let restore_time = started.elapsed();
+    assert!(report.ok(), "restore failed: {:?}", report.failures().next());
+    let restored = report.counts[&restatus::plan::Verdict::Restore];
+
+    let (bare_time, bare_writes) = bare_loop(&target, &profile, &bench_records, "bare-").await;
+
+    let sample = 200;
+    let kubectl_sample = kubectl_loop(&target_kc, &bench_records, sample);
+    let kubectl_scaled = kubectl_sample.as_secs_f64() * objects as f64 / sample as f64;
+
+    let (median, p90) = controller_latency(&target, &target_kc, &storage, &cluster, 200).await;
+
+    println!("restatus restore benchmark (concurrency {CONCURRENCY})");
+    println!("objects (Servers + ServerClaims)             {objects}");
+    println!("restored                                     {restored}");
+    println!("restatus restore wall time                   {:.3} s", restore_time.as_secs_f64());
+    println!(
+        "  API writes                                 {} ({:.2} per object)",
+        report.writes,
+        report.writes as f64 / objects as f64
+    );
+    println!("bare write loop, same writes                 {:.3} s ({bare_writes} writes)", bare_time.as_secs_f64());
+    println!(
+        "restore / bare loop                          {:.3}",
+        restore_time.as_secs_f64() / bare_time.as_secs_f64()
+    );
+    println!("kubectl patch loop, {sample} objects           {:.3} s", kubectl_sample.as_secs_f64());
+    println!("kubectl loop scaled to {objects} objects     {kubectl_scaled:.1} s");
+    println!("kubectl loop / restore                       {:.1}x", kubectl_scaled / restore_time.as_secs_f64());
+    println!("controller: creation -> restored, median     {:.3} s", median.as_secs_f64());
+    println!("controller: creation -> restored, p90        {:.3} s", p90.as_secs_f64());
+}
