@@ -128,10 +128,10 @@ async fn controller_latency(
             let config = watcher::Config::default().labels(&format!("{FLEET_LABEL}=ctl"));
             let mut events = watcher(servers, config).boxed();
             while restored.len() < n {
-                if let Some(watcher::Event::Apply(o)) = events.try_next().await.unwrap() {
-                    if o.data.get("status").and_then(|s| s.get("state")).is_some() {
-                        restored.entry(o.metadata.name.clone().unwrap()).or_insert_with(Instant::now);
-                    }
+                if let Some(watcher::Event::Apply(o)) = events.try_next().await.unwrap()
+                    && o.data.get("status").and_then(|s| s.get("state")).is_some()
+                {
+                    restored.entry(o.metadata.name.clone().unwrap()).or_insert_with(Instant::now);
                 }
             }
             restored

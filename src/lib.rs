@@ -28,6 +28,7 @@ pub mod object;
 pub mod output;
 pub mod pairing;
 pub mod plan;
+pub mod preflight;
 pub mod restore;
 pub mod retention;
 pub mod schedule;

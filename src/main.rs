@@ -70,6 +70,9 @@ enum Command {
     /// Restores status whenever an object of the profile appears or loses its status
     /// (target cluster), with leader election and /metrics, /healthz, /readyz.
     Controller(ControllerArgs),
+    /// Tells whether the cluster can be moved now (exit 0), or not and why (exit 1); exit 2
+    /// when it could not check. Run against the source cluster.
+    Preflight(PreflightArgs),
     /// Lists, shows, verifies and prunes snapshots.
     #[command(subcommand)]
     Snapshots(SnapshotsCommand),
@@ -139,6 +142,23 @@ struct ControllerArgs {
     concurrency: usize,
 }
 
+#[derive(Args)]
+struct PreflightArgs {
+    /// Watch until the cluster is ready, showing what still blocks.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits before giving up (exit 1 with the remaining reasons).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Take a snapshot the moment the cluster is ready (then freshness is not a blocker).
+    #[arg(long)]
+    snapshot_when_ready: bool,
+    #[command(flatten)]
+    backup: BackupArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
 #[derive(Args, Clone, Copy)]
 struct RetentionArgs {
     /// After a successful backup, keep only the newest N complete snapshots.
@@ -185,20 +205,81 @@ struct OutputArgs {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.global.log_format);
+    // preflight: 0 ready, 1 not ready, 2 could not check; everything else: 0 or 1.
+    let failure = if matches!(cli.command, Command::Preflight(_)) { 2 } else { 1 };
+    if let Command::Preflight(args) = cli.command {
+        return match preflight(&cli.global, args).await {
+            Ok(code) => code,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                eprintln!("error: {e:#}");
+                std::process::ExitCode::from(failure)
+            }
+        };
+    }
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(failure)
         }
     }
+}
+
+async fn preflight(g: &Global, args: PreflightArgs) -> Result<std::process::ExitCode> {
+    use restatus::preflight::{self, PreflightOptions, PreflightReport};
+    let store = SnapshotStore::open(&g.storage, &g.cluster_id)?;
+    let (client, backup_options) = backup_setup(g, &args.backup).await?;
+    let options = PreflightOptions {
+        profile: backup_options.profile.clone(),
+        selector: g.selector.clone(),
+        freshness: !args.snapshot_when_ready,
+    };
+    let print = |report: &PreflightReport| match args.output.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string(report).unwrap_or_default()),
+        OutputFormat::Table => print!("{}", output::preflight_text(report)),
+    };
+    let mut report = if args.wait {
+        let mut last: Option<usize> = None;
+        preflight::wait(&client, &store, &options, args.timeout, Duration::from_millis(500), |r| {
+            if last != Some(r.blockers.len()) {
+                eprintln!(
+                    "{} blocking objects{}",
+                    r.blockers.len(),
+                    r.blockers.first().map(|b| format!(", e.g. {}: {}", b.object, b.reason)).unwrap_or_default()
+                );
+                last = Some(r.blockers.len());
+            }
+        })
+        .await?
+    } else {
+        preflight::gather(&client, &store, &options).await?
+    };
+    if report.ready && args.snapshot_when_ready {
+        let manifest = backup::run(&client, &store, &backup_options).await.context("snapshot when ready failed")?;
+        report.snapshot = Some(manifest.snapshot_id.to_string());
+        if let Some(c) = manifest.consistency.as_ref().filter(|c| !c.consistent) {
+            report.ready = false;
+            report.blockers = c
+                .reasons
+                .iter()
+                .map(|r| preflight::Blocker {
+                    object: r.object.clone(),
+                    reason: format!("snapshot inconsistent: {}", r.reason),
+                })
+                .collect();
+        }
+    }
+    print(&report);
+    Ok(if report.ready { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
 }
 
 async fn run(cli: Cli) -> Result<()> {
     let g = &cli.global;
     let store = SnapshotStore::open(&g.storage, &g.cluster_id)?;
     match cli.command {
+        Command::Preflight(_) => unreachable!("handled in main"),
         Command::Backup(args) => {
             let (client, options) = backup_setup(g, &args).await?;
             let manifest =

@@ -94,21 +94,30 @@ impl<'a> RawObject<'a> {
     /// The value at a dotted path (`spec.access.macAddress`) if it is a non-empty string or a
     /// number. `metadata.*` paths read the parsed metadata.
     pub fn string_at(&self, path: &str) -> Option<String> {
-        let mut parts = path.split('.');
-        let first = parts.next()?;
-        if first == "metadata" {
-            let value = match parts.next()? {
+        if let Some(field) = path.strip_prefix("metadata.") {
+            let value = match field {
                 "name" => Some(self.meta.name.to_string()),
                 "namespace" => self.meta.namespace.as_ref().map(|n| n.to_string()),
                 _ => None,
             };
             return value.filter(|v| !v.is_empty());
         }
-        let mut raw = self.field(first)?;
+        scalar_string(self.raw_at(path)?)
+    }
+
+    /// The boolean at a dotted path, if there is one.
+    pub fn bool_at(&self, path: &str) -> Option<bool> {
+        serde_json::from_str(self.raw_at(path)?.get()).ok()
+    }
+
+    /// The raw JSON at a dotted path outside `metadata`.
+    fn raw_at(&self, path: &str) -> Option<&'a RawValue> {
+        let mut parts = path.split('.');
+        let mut raw = self.field(parts.next()?)?;
         for part in parts {
             raw = lookup(raw, part)?;
         }
-        scalar_string(raw)
+        Some(raw)
     }
 }
 
@@ -160,6 +169,9 @@ mod tests {
         assert_eq!(obj.string_at("spec.bmc.protocol"), None, "objects are not keys");
         assert_eq!(obj.string_at("spec.missing"), None);
         assert_eq!(obj.string_at("metadata.name").as_deref(), Some("server-1"));
+        assert_eq!(obj.bool_at("spec.bmc.protocol.port"), None);
+        let flags = RawObject::parse(r#"{"spec":{"paused":true,"x":{"on":false}}}"#).unwrap();
+        assert_eq!((flags.bool_at("spec.paused"), flags.bool_at("spec.x.on")), (Some(true), Some(false)));
         assert!(obj.status().unwrap().get().contains("Available"));
     }
 

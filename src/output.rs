@@ -166,6 +166,31 @@ pub fn manifest_text(m: &Manifest) -> String {
     out
 }
 
+/// `preflight` as text: READY or NOT READY, then one line per blocking object.
+pub fn preflight_text(report: &crate::preflight::PreflightReport) -> String {
+    let mut out = String::new();
+    if report.ready {
+        out += "READY: nothing blocks a move";
+        if let Some(s) = &report.snapshot {
+            out += &format!(" (snapshot {s})");
+        }
+        out += "\n";
+        return out;
+    }
+    out += &format!("NOT READY: {} blocking objects\n", report.blockers.len());
+    let rows = report
+        .blockers
+        .iter()
+        .map(|b| {
+            let name =
+                b.object.namespace.as_ref().map_or(b.object.name.clone(), |ns| format!("{ns}/{}", b.object.name));
+            vec![b.object.kind.clone(), name, b.reason.clone()]
+        })
+        .collect();
+    out += &table(&["KIND", "NAME", "REASON"], rows);
+    out
+}
+
 /// Left-aligned columns separated by three spaces, like kubectl.
 pub fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();

@@ -138,15 +138,23 @@ pub async fn choose_snapshot(
     })
 }
 
-/// The live objects of the profile on the target, and the views the pairing check needs.
+/// The live objects of the profile, the views the pairing check needs, and the consistency
+/// verdict a capture of them would get.
 pub struct LiveState {
     pub objects: Vec<LiveObject>,
     pub servers: Vec<ServerView>,
     pub claims: Vec<ClaimView>,
+    pub consistency: crate::format::Consistency,
 }
 
 pub async fn read_live(client: &kube::Client, profile: &Profile, page: &PageRequest<'_>) -> Result<LiveState> {
-    let mut state = LiveState { objects: vec![], servers: vec![], claims: vec![] };
+    let mut state = LiveState {
+        objects: vec![],
+        servers: vec![],
+        claims: vec![],
+        consistency: crate::capture::judge(&[], &[], vec![], &[], 1),
+    };
+    let mut collector = crate::capture::Collector::new();
     for kind in profile.kinds.iter().filter(|k| !k.is_denied()) {
         let mut token: Option<String> = None;
         while let Some(body) = fetch_page(client, kind, page, token.as_deref()).await? {
@@ -159,6 +167,7 @@ pub async fn read_live(client: &kube::Client, profile: &Profile, page: &PageRequ
                 };
                 let object = RawObject::parse(item.get()).map_err(invalid)?;
                 collect_views(kind, &object, &mut state);
+                collector.add(kind, &object);
                 state.objects.push(LiveObject::from_raw(kind, &object).map_err(invalid)?);
             }
             match page.next() {
@@ -167,6 +176,7 @@ pub async fn read_live(client: &kube::Client, profile: &Profile, page: &PageRequ
             }
         }
     }
+    state.consistency = collector.finish(1).consistency;
     Ok(state)
 }
 
