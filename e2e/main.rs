@@ -4,4 +4,5 @@
 mod backup;
 mod bed;
 mod controller;
+mod moving;
 mod restore;

@@ -1,0 +1,369 @@
+//! The real thing: `clusterctl move` (cluster-api v1.13) of a CAPI Cluster with Machines and
+//! a metal-operator fleet, then restatus restores the status the move dropped.
+//!
+//! Fixture, as the ironcore-metal provider and metal-operator build it: Cluster owns
+//! IroncoreMetalCluster and Machines, Machine owns IroncoreMetalMachine, which controls the
+//! ServerClaim of the same name; BMC controls its Server. CRDs carry `clusterctl.cluster.x-k8s.io`;
+//! the cluster-scoped BMCs and Servers carry `clusterctl.cluster.x-k8s.io/move` per object (a
+//! label on their CRDs would move every fleet on the shared test bed). No controller runs, so
+//! the statuses clusterctl's preflight checks are set by the test.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use restatus::fleet::{FLEET_LABEL, FleetSpec};
+use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
+use serde_json::{Value, json};
+
+use crate::bed::{Bed, TARGET, assert_success, fleet_state, stdout, unique};
+
+const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+
+fn api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, ns: Option<&str>) -> Api<DynamicObject> {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+/// Creates an object, sets its status if given, and returns its uid.
+async fn create(client: &kube::Client, plural: &str, object: Value, status: Option<Value>) -> String {
+    let ns = object["metadata"]["namespace"].as_str().map(str::to_string);
+    let api =
+        api(client, object["apiVersion"].as_str().unwrap(), object["kind"].as_str().unwrap(), plural, ns.as_deref());
+    let name = object["metadata"]["name"].as_str().unwrap().to_string();
+    let created = api.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+    if let Some(status) = status {
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await.unwrap();
+    }
+    created.metadata.uid.unwrap()
+}
+
+fn owner(api_version: &str, kind: &str, name: &str, uid: &str, controller: bool) -> Value {
+    json!([{"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": controller, "blockOwnerDeletion": controller}])
+}
+
+fn condition(kind: &str) -> Value {
+    json!({"type": kind, "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-01T00:00:00Z"})
+}
+
+struct Fixture {
+    bed: Bed,
+    ns: String,
+    fleet: FleetSpec,
+    storage: String,
+}
+
+impl Fixture {
+    /// ~250 objects: Cluster, IroncoreMetalCluster, `machines` Machines with their
+    /// IroncoreMetalMachines and Bound ServerClaims, `servers` Servers and BMCs (Reserved,
+    /// Available, Maintenance), and Unbound ServerClaims.
+    async fn new(servers: usize, machines: usize, unbound: usize) -> Fixture {
+        let bed = Bed::get();
+        prepare_clusters(&bed);
+        let ns = unique("capi");
+        let fleet =
+            FleetSpec { namespaces: vec![ns.clone()], ..FleetSpec::new(&unique("mv"), servers, servers, machines) };
+        let source = bed.source().await;
+        let fleet_labels = |extra: Option<&str>| {
+            let mut labels = json!({ FLEET_LABEL: fleet.name });
+            if let Some(label) = extra {
+                labels[label] = json!("");
+            }
+            labels
+        };
+        Command::new(&bed.kubectl)
+            .arg("--kubeconfig")
+            .arg(&bed.source_kubeconfig)
+            .args(["create", "namespace", &ns])
+            .output()
+            .unwrap();
+
+        let cluster = "workload";
+        let capi = "cluster.x-k8s.io/v1beta2";
+        let infra = "infrastructure.cluster.x-k8s.io/v1alpha1";
+        let cluster_status = json!({
+            "initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true},
+            "phase": "Provisioned",
+            "conditions": [condition("ControlPlaneInitialized"), condition("InfrastructureReady")],
+        });
+        let cluster_uid = create(&source, "clusters", json!({
+            "apiVersion": capi, "kind": "Cluster", "metadata": {"name": cluster, "namespace": ns},
+            "spec": {"controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "IroncoreMetalCluster", "name": cluster}},
+        }), Some(cluster_status)).await;
+        create(&source, "ironcoremetalclusters", json!({
+            "apiVersion": infra, "kind": "IroncoreMetalCluster",
+            "metadata": {"name": cluster, "namespace": ns, "ownerReferences": owner(capi, "Cluster", cluster, &cluster_uid, false)},
+            "spec": {"controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443}},
+        }), Some(json!({"ready": true}))).await;
+
+        for i in 0..servers {
+            let (mut bmc, bmc_status) = fleet.bmc(i);
+            bmc["metadata"]["labels"] = fleet_labels(Some(MOVE_LABEL));
+            let bmc_uid = create(&source, "bmcs", bmc, Some(bmc_status)).await;
+            let (mut server, mut status) = fleet.server(i);
+            server["metadata"]["labels"] = fleet_labels(Some(MOVE_LABEL));
+            server["metadata"]["ownerReferences"] =
+                owner("metal.ironcore.dev/v1alpha1", "BMC", &fleet.bmc_name(i), &bmc_uid, true);
+            if i >= machines && i % 5 == 4 {
+                status["state"] = json!("Maintenance");
+            }
+            create(&source, "servers", server, Some(status)).await;
+        }
+        for i in 0..machines {
+            let (_, machine) = fleet.claim_ref(i);
+            let machine_uid = create(&source, "machines", json!({
+                "apiVersion": capi, "kind": "Machine",
+                "metadata": {"name": machine, "namespace": ns, "labels": {"cluster.x-k8s.io/cluster-name": cluster},
+                             "ownerReferences": owner(capi, "Cluster", cluster, &cluster_uid, false)},
+                "spec": {"clusterName": cluster, "bootstrap": {"dataSecretName": format!("{machine}-bootstrap")},
+                         "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "IroncoreMetalMachine", "name": machine}},
+            }), Some(json!({"nodeRef": {"name": format!("node-{i}")}, "phase": "Running"}))).await;
+            let imm_uid = create(
+                &source,
+                "ironcoremetalmachines",
+                json!({
+                    "apiVersion": infra, "kind": "IroncoreMetalMachine",
+                    "metadata": {"name": machine, "namespace": ns, "labels": {"cluster.x-k8s.io/cluster-name": cluster},
+                                 "ownerReferences": owner(capi, "Machine", &machine, &machine_uid, true)},
+                    "spec": {"image": "ghcr.io/ironcore-dev/os-images/gardenlinux:1877.0"},
+                }),
+                Some(json!({"ready": true})),
+            )
+            .await;
+            let (mut claim, claim_status) = fleet.claim(i);
+            claim["metadata"]["labels"] = fleet_labels(None);
+            claim["metadata"]["ownerReferences"] = owner(infra, "IroncoreMetalMachine", &machine, &imm_uid, true);
+            create(&source, "serverclaims", claim, Some(claim_status)).await;
+        }
+        for i in 0..unbound {
+            create(&source, "serverclaims", json!({
+                "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+                "metadata": {"name": format!("{}-waiting-{i}", fleet.name), "namespace": ns, "labels": fleet_labels(Some(MOVE_LABEL))},
+                "spec": {"power": "Off", "image": "ghcr.io/ironcore-dev/os-images/gardenlinux:1877.0"},
+            }), Some(json!({"phase": "Unbound"}))).await;
+        }
+        let storage = bed.storage(&fleet.name);
+        Fixture { bed, ns, fleet, storage }
+    }
+
+    fn selector(&self) -> String {
+        format!("{FLEET_LABEL}={}", self.fleet.name)
+    }
+
+    fn backup(&self) -> String {
+        let out = self.bed.restatus(&self.storage, &self.fleet.name, &["backup", "--selector", &self.selector()]);
+        assert_success(&out, "backup");
+        stdout(&out).trim().to_string()
+    }
+
+    /// The real `clusterctl move` of the fixture's namespace.
+    fn clusterctl_move(&self) -> Duration {
+        let bin = std::env::var("RESTATUS_BIN").expect("RESTATUS_BIN: the test bed's bin folder");
+        let config = self.bed.scratch.path().join("clusterctl-config");
+        let started = Instant::now();
+        let out = Command::new(std::path::Path::new(&bin).join("clusterctl"))
+            .args(["move", "-n", &self.ns, "--kubeconfig"])
+            .arg(&self.bed.source_kubeconfig)
+            .arg("--to-kubeconfig")
+            .arg(&self.bed.target_kubeconfig)
+            .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
+            .env("XDG_CONFIG_HOME", &config)
+            .output()
+            .unwrap();
+        assert_success(&out, "clusterctl move");
+        started.elapsed()
+    }
+}
+
+/// CRD labels and Provider inventory on both clusters, as `clusterctl init` would leave them.
+fn prepare_clusters(bed: &Bed) {
+    for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig] {
+        let crds = [
+            "clusters.cluster.x-k8s.io",
+            "machines.cluster.x-k8s.io",
+            "clusterclasses.cluster.x-k8s.io",
+            "ironcoremetalclusters.infrastructure.cluster.x-k8s.io",
+            "ironcoremetalmachines.infrastructure.cluster.x-k8s.io",
+            "ironcoremetalmachinetemplates.infrastructure.cluster.x-k8s.io",
+            "servers.metal.ironcore.dev",
+            "bmcs.metal.ironcore.dev",
+            "serverclaims.metal.ironcore.dev",
+            "serverbootconfigurations.metal.ironcore.dev",
+            "endpoints.metal.ironcore.dev",
+            "bmcsecrets.metal.ironcore.dev",
+        ];
+        let mut args = vec!["label", "--overwrite", "crd"];
+        args.extend(crds);
+        args.push("clusterctl.cluster.x-k8s.io=");
+        assert_success(&bed.kubectl(kubeconfig, &args), "label CRDs");
+        let providers = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: capi-system}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: capi-provider-ironcore-metal-system}
+---
+apiVersion: clusterctl.cluster.x-k8s.io/v1alpha3
+kind: Provider
+metadata:
+  name: cluster-api
+  namespace: capi-system
+  labels: {clusterctl.cluster.x-k8s.io: "", clusterctl.cluster.x-k8s.io/core: inventory, cluster.x-k8s.io/provider: cluster-api}
+providerName: cluster-api
+type: CoreProvider
+version: v1.13.5
+---
+apiVersion: clusterctl.cluster.x-k8s.io/v1alpha3
+kind: Provider
+metadata:
+  name: infrastructure-ironcore-metal
+  namespace: capi-provider-ironcore-metal-system
+  labels: {clusterctl.cluster.x-k8s.io: "", clusterctl.cluster.x-k8s.io/core: inventory, cluster.x-k8s.io/provider: infrastructure-ironcore-metal}
+providerName: ironcore-metal
+type: InfrastructureProvider
+version: v0.2.0
+"#;
+        let path = bed.scratch.path().join("providers.yaml");
+        std::fs::write(&path, providers).unwrap();
+        assert_success(&bed.kubectl(kubeconfig, &["apply", "-f", path.to_str().unwrap()]), "apply Provider inventory");
+    }
+}
+
+type State = BTreeMap<String, (Value, BTreeMap<String, String>)>;
+
+fn assert_restored(before: &State, after: &State, snapshot: &str) {
+    assert_eq!(after.len(), before.len(), "every fleet object arrived on the target");
+    for (name, (status, _)) in before {
+        let (restored, annotations) = &after[name];
+        assert_eq!(restored, status, "{name}: status differs from the source");
+        assert!(
+            !annotations.contains_key(OPERATION_ANNOTATION) && !annotations.contains_key(QUIESCED_BY_ANNOTATION),
+            "{name}: {annotations:?}"
+        );
+        assert_eq!(annotations.get(RESTORED_FROM_ANNOTATION).map(String::as_str), Some(snapshot), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn clusterctl_move_then_restore_brings_every_status_back() {
+    let _target = TARGET.read().await;
+    let fx = Fixture::new(60, 40, 10).await;
+    let before = fleet_state(&fx.bed.source().await, &fx.fleet.name).await;
+    assert_eq!(before.len(), 170);
+    let snapshot = fx.backup();
+
+    let took = fx.clusterctl_move();
+    eprintln!("clusterctl move of ~250 objects took {took:?}");
+    let target = fx.bed.target().await;
+    let moved = fleet_state(&target, &fx.fleet.name).await;
+    assert_eq!(moved.len(), 170, "clusterctl moved the whole fleet");
+    assert!(moved.values().all(|(status, _)| status.is_null()), "clusterctl move drops status");
+    // Owner references were rebuilt with the target's uids.
+    let claim = api(&target, "metal.ironcore.dev/v1alpha1", "ServerClaim", "serverclaims", Some(&fx.ns))
+        .get(&fx.fleet.claim_ref(0).1)
+        .await
+        .unwrap();
+    let owner = &claim.metadata.owner_references.as_ref().unwrap()[0];
+    let imm = api(
+        &target,
+        "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "IroncoreMetalMachine",
+        "ironcoremetalmachines",
+        Some(&fx.ns),
+    )
+    .get(&owner.name)
+    .await
+    .unwrap();
+    assert_eq!(Some(&owner.uid), imm.metadata.uid.as_ref());
+
+    let out = fx.bed.restatus_with(
+        &fx.bed.target_kubeconfig,
+        &fx.storage,
+        &fx.fleet.name,
+        &["restore", "--selector", &fx.selector(), "-o", "json"],
+        &[],
+    );
+    assert_success(&out, "restore");
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["snapshot"], snapshot.as_str());
+    assert_eq!(report["counts"]["restore"], 170);
+    assert!(report["pairing"].as_array().unwrap().is_empty(), "{}", report["pairing"]);
+    assert_restored(&before, &fleet_state(&target, &fx.fleet.name).await, &snapshot);
+
+    let again = fx.bed.restatus_with(
+        &fx.bed.target_kubeconfig,
+        &fx.storage,
+        &fx.fleet.name,
+        &["restore", "--selector", &fx.selector(), "-o", "json"],
+        &[],
+    );
+    assert_success(&again, "second restore");
+    let again: Value = serde_json::from_str(&stdout(&again)).unwrap();
+    assert_eq!(again["writes"], 0, "a second restore writes nothing");
+}
+
+#[tokio::test]
+async fn the_controller_restores_a_clusterctl_move_as_it_lands() {
+    let _target = TARGET.read().await;
+    let fx = Fixture::new(30, 20, 4).await;
+    let before = fleet_state(&fx.bed.source().await, &fx.fleet.name).await;
+    let snapshot = fx.backup();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut controller = Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args([
+            "controller",
+            "--selector",
+            &fx.selector(),
+            "--lease-namespace",
+            "default",
+            "--lease-name",
+            &unique("mv-lease"),
+        ])
+        .args(["--http-addr", &format!("127.0.0.1:{port}"), "--kubeconfig"])
+        .arg(&fx.bed.target_kubeconfig)
+        .env("RESTATUS_STORAGE", &fx.storage)
+        .env("RESTATUS_CLUSTER_ID", &fx.fleet.name)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = Instant::now();
+    while !Command::new("curl")
+        .args(["-sf", &format!("http://127.0.0.1:{port}/readyz")])
+        .output()
+        .unwrap()
+        .status
+        .success()
+    {
+        assert!(ready.elapsed() < Duration::from_secs(30), "controller not ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    fx.clusterctl_move();
+    let target = fx.bed.target().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let after = fleet_state(&target, &fx.fleet.name).await;
+        let done = after.len() == before.len()
+            && before.iter().all(|(n, (s, _))| {
+                after.get(n).is_some_and(|(t, a)| t == s && !a.contains_key(QUIESCED_BY_ANNOTATION))
+            });
+        if done {
+            assert_restored(&before, &after, &snapshot);
+            break;
+        }
+        assert!(Instant::now() < deadline, "controller did not restore the moved fleet within 60 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let _ = Command::new("kill").arg("-TERM").arg(controller.id().to_string()).status();
+    assert!(controller.wait().unwrap().success());
+}
