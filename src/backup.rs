@@ -32,7 +32,7 @@ pub struct BackupOptions {
 
 impl BackupOptions {
     pub fn page(&self) -> PageRequest<'_> {
-        PageRequest { size: self.page_size, selector: self.selector.as_deref() }
+        PageRequest { size: self.page_size, selector: self.selector.as_deref(), namespace: None }
     }
 
     pub fn new(profile: Profile) -> Self {
@@ -141,7 +141,7 @@ fn prefetch(
 ) -> tokio::task::JoinHandle<Result<Option<String>>> {
     let (client, kind, size, selector) = (client.clone(), kind.clone(), opts.page_size, opts.selector.clone());
     tokio::spawn(async move {
-        let page = PageRequest { size, selector: selector.as_deref() };
+        let page = PageRequest { size, selector: selector.as_deref(), namespace: None };
         fetch_page(&client, &kind, &page, token.as_deref()).await
     })
 }

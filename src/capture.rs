@@ -98,7 +98,14 @@ impl Collector {
             .into_iter()
             .map(|((kind, key), objects)| KeyConflict { kind, key: key.to_string(), objects })
             .collect();
-        let consistency = judge(&self.servers, &self.claims, self.transitional, &conflicts, attempts);
+        // Pairing can only be judged when both sides were listed.
+        let listed = |kind: &str| {
+            self.kinds.iter().any(|k| k.kind == kind)
+                && !self.skipped.iter().any(|s| s.kind == kind && s.name.is_none())
+        };
+        let (servers, claims) =
+            if listed("Server") && listed("ServerClaim") { (self.servers, self.claims) } else { (vec![], vec![]) };
+        let consistency = judge(&servers, &claims, self.transitional, &conflicts, attempts);
         CaptureSummary { kinds: self.kinds, skipped: self.skipped, conflicts, consistency }
     }
 
@@ -233,11 +240,13 @@ impl<'a> ListPage<'a> {
     }
 }
 
-/// How to page through a kind: page size and an optional label selector.
-#[derive(Debug, Clone, Copy)]
+/// How to page through a kind: page size, an optional label selector, and optionally one
+/// namespace (default: all namespaces).
+#[derive(Debug, Clone, Copy, Default)]
 pub struct PageRequest<'a> {
     pub size: u32,
     pub selector: Option<&'a str>,
+    pub namespace: Option<&'a str>,
 }
 
 /// Fetches one page of `kind` across all namespaces, continuing after `continue_token`.
@@ -256,7 +265,7 @@ pub async fn fetch_page(
     if let Some(token) = continue_token {
         params = params.continue_token(token);
     }
-    let request = kube::core::Request::new(kind.list_path())
+    let request = kube::core::Request::new(kind.list_path_in(page.namespace))
         .list(&params)
         .map_err(|e| Error::kube(context(), kube::Error::BuildRequest(e)))?;
     match client.request_text(request).await {
@@ -400,6 +409,20 @@ mod tests {
                 "Server s3: shares identity key spec.systemUUID=u2",
             ]
         );
+    }
+
+    #[test]
+    fn pairing_is_judged_only_when_both_kinds_are_listed() {
+        let profile = Profile::metal_operator();
+        let mut collector = Collector::new();
+        let servers = profile.kind("Server").unwrap();
+        collector.begin_kind(servers);
+        collector.add(servers, &RawObject::parse(RESERVED).unwrap());
+        assert!(collector.finish(1).consistency.consistent, "a Servers-only capture cannot see claims");
+        let mut collector = Collector::new();
+        collector.add(servers, &RawObject::parse(RESERVED).unwrap());
+        collector.begin_kind(profile.kind("ServerClaim").unwrap());
+        assert!(!collector.finish(1).consistency.consistent, "both listed: the missing claim counts");
     }
 
     #[test]

@@ -66,6 +66,11 @@ impl Context {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
+
+    /// For roles that need no snapshot to start (the source-side handshake).
+    pub fn mark_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
 }
 
 /// A loaded snapshot with its records indexed by (kind, key).

@@ -145,10 +145,19 @@ impl KindProfile {
 
     /// The collection URL across all namespaces.
     pub fn list_path(&self) -> String {
-        if self.group.is_empty() {
-            format!("/api/{}/{}", self.version, self.plural)
+        self.list_path_in(None)
+    }
+
+    /// The collection URL in one namespace (namespaced kinds), or across all.
+    pub fn list_path_in(&self, namespace: Option<&str>) -> String {
+        let base = if self.group.is_empty() {
+            format!("/api/{}", self.version)
         } else {
-            format!("/apis/{}/{}/{}", self.group, self.version, self.plural)
+            format!("/apis/{}/{}", self.group, self.version)
+        };
+        match namespace.filter(|_| self.namespaced) {
+            Some(ns) => format!("{base}/namespaces/{ns}/{}", self.plural),
+            None => format!("{base}/{}", self.plural),
         }
     }
 
@@ -302,6 +311,12 @@ mod tests {
         assert_eq!(denied, [true, true, false]);
         assert_eq!(profile.kinds[1].list_path(), "/api/v1/secrets");
         assert_eq!(profile.kinds[2].list_path(), "/apis/apps/v1/deployments");
+        assert_eq!(profile.kinds[2].list_path_in(Some("x")), "/apis/apps/v1/namespaces/x/deployments");
+        assert_eq!(
+            profile.kinds[0].list_path_in(Some("x")),
+            "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets",
+            "cluster-scoped"
+        );
     }
 
     #[test]

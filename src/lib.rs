@@ -20,6 +20,7 @@ pub mod controller;
 pub mod error;
 pub mod fleet;
 pub mod format;
+pub mod handshake;
 pub mod identity;
 pub mod kubeconfig;
 pub mod leader;

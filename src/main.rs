@@ -115,8 +115,24 @@ struct RestoreArgs {
     output: OutputArgs,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    /// Restore status on the target of a move (or a rebuilt cluster).
+    Target,
+    /// Guard the source of a move: block clusterctl until a final consistent snapshot exists.
+    Source,
+}
+
 #[derive(Args)]
 struct ControllerArgs {
+    #[arg(long, value_enum, default_value = "target")]
+    role: Role,
+    /// Source role: guard only the CAPI Clusters of this namespace (the one to move).
+    #[arg(long)]
+    cluster_namespace: Option<String>,
+    /// Source role: how often to look at the Clusters.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    interval: Duration,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     http_addr: std::net::SocketAddr,
@@ -153,6 +169,9 @@ struct PreflightArgs {
     /// Take a snapshot the moment the cluster is ready (then freshness is not a blocker).
     #[arg(long)]
     snapshot_when_ready: bool,
+    /// Check only the CAPI Clusters and Machines of this namespace (the one to move).
+    #[arg(long)]
+    cluster_namespace: Option<String>,
     #[command(flatten)]
     backup: BackupArgs,
     #[command(flatten)]
@@ -235,6 +254,7 @@ async fn preflight(g: &Global, args: PreflightArgs) -> Result<std::process::Exit
         profile: backup_options.profile.clone(),
         selector: g.selector.clone(),
         freshness: !args.snapshot_when_ready,
+        cluster_namespace: args.cluster_namespace.clone(),
     };
     let print = |report: &PreflightReport| match args.output.output {
         OutputFormat::Json => println!("{}", serde_json::to_string(report).unwrap_or_default()),
@@ -319,6 +339,14 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
         snapshot_refresh: args.snapshot_refresh,
         batch_window: Duration::from_millis(50),
     };
+    let role = args.role;
+    let handshake = restatus::handshake::Handshake::new(
+        client.clone(),
+        store.clone(),
+        BackupOptions { selector: g.selector.clone(), ..BackupOptions::new(options.profile.clone()) },
+        args.interval,
+        args.cluster_namespace.clone(),
+    );
     let ctx = Context::new(client.clone(), store, options);
     let http = tokio::spawn(controller::serve_http(ctx.clone(), args.http_addr));
     let identity = args.identity.unwrap_or_else(|| format!("restatus-{:08x}", rand::random::<u32>()));
@@ -331,9 +359,18 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
         acquired = leadership.acquired() => acquired?,
     }
     ctx.metrics.leader.set(1);
-    info!(identity, "leading: restore controller running");
+    info!(identity, ?role, "leading: controller running");
+    let work = async {
+        match role {
+            Role::Target => controller::run(ctx.clone(), &mut shutdown).await,
+            Role::Source => {
+                ctx.mark_ready();
+                handshake.run(&mut shutdown).await
+            }
+        }
+    };
     let result = tokio::select! {
-        result = controller::run(ctx.clone(), &mut shutdown) => result.map_err(Into::into),
+        result = work => result.map_err(Into::into),
         _ = leadership.lost() => Err(anyhow::anyhow!("leadership lost; exiting so that a restart rejoins the election")),
     };
     ctx.metrics.leader.set(0);

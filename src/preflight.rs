@@ -170,6 +170,8 @@ pub struct PreflightOptions {
     pub selector: Option<String>,
     /// Compare live status with the newest consistent snapshot.
     pub freshness: bool,
+    /// Check only the CAPI Clusters and Machines of this namespace (the one to move).
+    pub cluster_namespace: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -182,12 +184,12 @@ pub struct PreflightReport {
 
 /// Reads the source cluster (and the snapshot store for freshness) and evaluates.
 pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &PreflightOptions) -> Result<PreflightReport> {
-    let page = PageRequest { size: 500, selector: opts.selector.as_deref() };
+    let page = PageRequest { size: 500, selector: opts.selector.as_deref(), namespace: None };
     let live = read_live(client, &opts.profile, &page).await?;
     let mut clusters = Vec::new();
     let mut machines = Vec::new();
     for kind in [capi_kind("Cluster", "clusters"), capi_kind("Machine", "machines")] {
-        let all = PageRequest { size: 500, selector: None };
+        let all = PageRequest { size: 500, selector: None, namespace: opts.cluster_namespace.as_deref() };
         let mut token: Option<String> = None;
         while let Some(body) = fetch_page(client, &kind, &all, token.as_deref()).await? {
             let list = ListPage::parse(&kind, &body)?;
@@ -242,7 +244,11 @@ pub async fn wait(
     let mut kinds: Vec<KindProfile> = opts.profile.kinds.iter().filter(|k| !k.is_denied()).cloned().collect();
     kinds.extend([capi_kind("Cluster", "clusters"), capi_kind("Machine", "machines")]);
     let streams = kinds.iter().map(|kind| {
-        let api = crate::fleet::api_for(client, kind, None);
+        let api = crate::fleet::api_for(
+            client,
+            kind,
+            opts.cluster_namespace.as_deref().filter(|_| kind.group == "cluster.x-k8s.io"),
+        );
         watcher(api, watcher::Config::default()).map(|_| ()).boxed()
     });
     let mut changes = futures::stream::select_all(streams);

@@ -54,7 +54,7 @@ pub struct RestoreOptions {
 
 impl RestoreOptions {
     pub fn page(&self) -> PageRequest<'_> {
-        PageRequest { size: self.page_size, selector: self.selector.as_deref() }
+        PageRequest { size: self.page_size, selector: self.selector.as_deref(), namespace: None }
     }
 
     pub fn new(profile: Profile) -> Self {

@@ -1,0 +1,373 @@
+//! The move handshake on the source cluster (`restatus controller --role source`).
+//!
+//! clusterctl pauses the Clusters of a move and then waits while any moved object carries
+//! `clusterctl.cluster.x-k8s.io/block-move`. restatus uses that:
+//!
+//! 1. While no Cluster is paused, it keeps `block-move` on every CAPI Cluster. Clusters are the
+//!    roots of every move graph, so they are certain to be in it; one object per cluster is
+//!    the smallest such set.
+//! 2. When Clusters become paused, it takes a **final snapshot**. If it is consistent, it sets
+//!    metal-operator's `ignore` (marked as restatus's) on the profile's objects, so they arrive
+//!    on the target quiesced, then removes `block-move`: the move proceeds with a snapshot that
+//!    is fresh by construction. If not, `block-move` stays, a Warning Event on each Cluster and
+//!    the log say why, and it tries again.
+//! 3. When the Clusters are unpaused again and still here (the move was aborted), it removes
+//!    the `ignore` it set and blocks again. When they are gone (the move completed), the
+//!    cluster-scoped copies clusterctl leaves behind stay ignored: two metal-operators must
+//!    not drive the same hardware.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::backup::{self, BackupOptions};
+use crate::capture::{ListPage, PageRequest, fetch_page};
+use crate::fleet::api_for;
+use crate::format::Manifest;
+use crate::identity::KindProfile;
+use crate::object::RawObject;
+use crate::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+use crate::store::SnapshotStore;
+use crate::{Error, Result, TOOL_NAME};
+
+pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move";
+
+/// What the handshake knows of one CAPI Cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterState {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub paused: bool,
+    pub blocked_by_restatus: bool,
+}
+
+/// The handshake's memory between two steps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Phase {
+    /// The final snapshot taken for the current pause, once consistent.
+    pub final_snapshot: Option<String>,
+}
+
+/// What to do next: pure, from the Clusters and the phase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Put `block-move` on these Clusters.
+    Block(Vec<ClusterState>),
+    /// Clusters are paused and no final snapshot is taken yet: take it.
+    FinalSnapshot,
+    /// Final snapshot taken: let these paused Clusters go.
+    Unblock(Vec<ClusterState>),
+    /// The move was aborted: release restatus's `ignore`, then block again.
+    Release,
+    Nothing,
+}
+
+pub fn next_step(clusters: &[ClusterState], phase: &Phase) -> Step {
+    let paused: Vec<&ClusterState> = clusters.iter().filter(|c| c.paused).collect();
+    if !paused.is_empty() {
+        if phase.final_snapshot.is_none() {
+            return Step::FinalSnapshot;
+        }
+        let blocked: Vec<ClusterState> = paused.into_iter().filter(|c| c.blocked_by_restatus).cloned().collect();
+        return if blocked.is_empty() { Step::Nothing } else { Step::Unblock(blocked) };
+    }
+    if phase.final_snapshot.is_some() && !clusters.is_empty() {
+        return Step::Release;
+    }
+    let unblocked: Vec<ClusterState> = clusters.iter().filter(|c| !c.blocked_by_restatus).cloned().collect();
+    if unblocked.is_empty() { Step::Nothing } else { Step::Block(unblocked) }
+}
+
+fn cluster_kind() -> KindProfile {
+    KindProfile {
+        group: "cluster.x-k8s.io".into(),
+        version: "v1beta2".into(),
+        kind: "Cluster".into(),
+        plural: "clusters".into(),
+        namespaced: true,
+        keys: vec![],
+        initial_states: None,
+        transitional_states: None,
+    }
+}
+
+pub struct Handshake {
+    pub client: kube::Client,
+    pub store: SnapshotStore,
+    pub backup: BackupOptions,
+    /// Pause between two looks at the Clusters.
+    pub interval: Duration,
+    /// Guard only the Clusters of this namespace (the one `clusterctl move -n` moves).
+    pub cluster_namespace: Option<String>,
+    recorder: Recorder,
+}
+
+impl Handshake {
+    pub fn new(
+        client: kube::Client,
+        store: SnapshotStore,
+        backup: BackupOptions,
+        interval: Duration,
+        cluster_namespace: Option<String>,
+    ) -> Self {
+        let reporter = Reporter { controller: TOOL_NAME.into(), instance: std::env::var("POD_NAME").ok() };
+        let recorder = Recorder::new(client.clone(), reporter);
+        Handshake { client, store, backup, interval, cluster_namespace, recorder }
+    }
+
+    /// Runs until `shutdown` completes.
+    pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        tokio::pin!(shutdown);
+        let mut phase = Phase::default();
+        loop {
+            if let Err(e) = self.step(&mut phase).await {
+                warn!(error = %e, "move handshake step failed; retrying");
+            }
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                _ = tokio::time::sleep(self.interval) => {}
+            }
+        }
+    }
+
+    pub async fn step(&self, phase: &mut Phase) -> Result<()> {
+        let clusters = self.clusters().await?;
+        match next_step(&clusters, phase) {
+            Step::Nothing => {}
+            Step::Block(clusters) => {
+                for c in &clusters {
+                    self.annotate_cluster(c, json!({ BLOCK_MOVE_ANNOTATION: TOOL_NAME })).await?;
+                    info!(cluster = %format!("{}/{}", c.namespace, c.name), "block-move set until a final snapshot is taken");
+                }
+            }
+            Step::FinalSnapshot => {
+                let paused_at = Timestamp::now();
+                let manifest = backup::run(&self.client, &self.store, &self.backup).await?;
+                if manifest.is_consistent() {
+                    let quiesced = self.quiesce().await?;
+                    info!(snapshot = %manifest.snapshot_id, quiesced, %paused_at, "final snapshot is consistent; objects quiesced");
+                    for c in clusters.iter().filter(|c| c.paused) {
+                        self.event(c, EventType::Normal, "FinalSnapshot", final_note(&manifest)).await;
+                    }
+                    phase.final_snapshot = Some(manifest.snapshot_id.to_string());
+                    // Unblock in the same step: clusterctl is waiting.
+                    Box::pin(self.step(phase)).await?;
+                } else {
+                    let note = blocked_note(&manifest);
+                    warn!(snapshot = %manifest.snapshot_id, "{note}");
+                    for c in clusters.iter().filter(|c| c.paused) {
+                        self.event(c, EventType::Warning, "MoveBlocked", note.clone()).await;
+                    }
+                }
+            }
+            Step::Unblock(clusters) => {
+                for c in &clusters {
+                    self.annotate_cluster(c, json!({ BLOCK_MOVE_ANNOTATION: null })).await?;
+                    info!(cluster = %format!("{}/{}", c.namespace, c.name), snapshot = ?phase.final_snapshot, "block-move removed: the move may proceed");
+                }
+            }
+            Step::Release => {
+                let released = self.release().await?;
+                info!(released, "Clusters unpaused: the move was aborted; restatus's ignore removed");
+                *phase = Phase::default();
+            }
+        }
+        Ok(())
+    }
+
+    async fn clusters(&self) -> Result<Vec<ClusterState>> {
+        let kind = cluster_kind();
+        let page = PageRequest { size: 500, selector: None, namespace: self.cluster_namespace.as_deref() };
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        while let Some(body) = fetch_page(&self.client, &kind, &page, token.as_deref()).await? {
+            let list = ListPage::parse(&kind, &body)?;
+            for item in &list.items {
+                let object = RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
+                    kind: kind.qualified_kind(),
+                    name: "(list item)".into(),
+                    reason: e.to_string(),
+                })?;
+                let annotations = object.meta.annotations.clone().unwrap_or_default();
+                out.push(ClusterState {
+                    namespace: object.meta.namespace.as_deref().unwrap_or_default().to_string(),
+                    name: object.meta.name.to_string(),
+                    uid: object.meta.uid.as_deref().unwrap_or_default().to_string(),
+                    paused: object.bool_at("spec.paused") == Some(true)
+                        || annotations.contains_key("cluster.x-k8s.io/paused"),
+                    blocked_by_restatus: annotations.get(BLOCK_MOVE_ANNOTATION).map(String::as_str) == Some(TOOL_NAME),
+                });
+            }
+            match list.next() {
+                Some(next) => token = Some(next.to_string()),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn annotate_cluster(&self, c: &ClusterState, annotations: Value) -> Result<()> {
+        let api = api_for(&self.client, &cluster_kind(), Some(&c.namespace));
+        let params = PatchParams { field_manager: Some(TOOL_NAME.into()), ..Default::default() };
+        api.patch(&c.name, &params, &Patch::Merge(json!({"metadata": {"annotations": annotations}})))
+            .await
+            .map_err(|e| Error::kube(format!("annotate Cluster {}/{}", c.namespace, c.name), e))?;
+        Ok(())
+    }
+
+    /// Sets restatus's `ignore` on every profile object not ignored already. Returns how many.
+    async fn quiesce(&self) -> Result<usize> {
+        let body = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: TOOL_NAME}}});
+        self.for_each_object(|annotations| !annotations.contains_key(OPERATION_ANNOTATION), body).await
+    }
+
+    /// Removes the `ignore` restatus set. Returns how many objects it touched.
+    async fn release(&self) -> Result<usize> {
+        let body = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null}}});
+        self.for_each_object(|annotations| annotations.contains_key(QUIESCED_BY_ANNOTATION), body).await
+    }
+
+    async fn for_each_object(
+        &self,
+        wanted: impl Fn(&std::collections::BTreeMap<String, String>) -> bool,
+        body: Value,
+    ) -> Result<usize> {
+        let params = PatchParams { field_manager: Some(TOOL_NAME.into()), ..Default::default() };
+        let page = self.backup.page();
+        let mut count = 0;
+        for kind in self.backup.profile.kinds.iter().filter(|k| !k.is_denied()) {
+            let mut token: Option<String> = None;
+            while let Some(list_body) = fetch_page(&self.client, kind, &page, token.as_deref()).await? {
+                let list = ListPage::parse(kind, &list_body)?;
+                for item in &list.items {
+                    let Ok(object) = RawObject::parse(item.get()) else { continue };
+                    if !wanted(&object.meta.annotations.clone().unwrap_or_default()) {
+                        continue;
+                    }
+                    let api = api_for(&self.client, kind, object.meta.namespace.as_deref());
+                    match api.patch(&object.meta.name, &params, &Patch::Merge(&body)).await {
+                        Ok(_) => count += 1,
+                        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                        Err(e) => {
+                            return Err(Error::kube(format!("annotate {} {}", kind.kind, object.namespaced_name()), e));
+                        }
+                    }
+                }
+                match list.next() {
+                    Some(next) => token = Some(next.to_string()),
+                    None => break,
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    async fn event(&self, c: &ClusterState, type_: EventType, reason: &str, note: String) {
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("cluster.x-k8s.io/v1beta2".into()),
+            kind: Some("Cluster".into()),
+            name: Some(c.name.clone()),
+            namespace: Some(c.namespace.clone()),
+            uid: Some(c.uid.clone()),
+            ..Default::default()
+        };
+        let event =
+            Event { type_, reason: reason.into(), note: Some(note), action: "MoveHandshake".into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            warn!(error = %e, "could not record the handshake event");
+        }
+    }
+}
+
+fn final_note(manifest: &Manifest) -> String {
+    format!(
+        "final snapshot {} is consistent ({} records); block-move removed",
+        manifest.snapshot_id, manifest.payload.records
+    )
+}
+
+fn blocked_note(manifest: &Manifest) -> String {
+    let (count, first) = match &manifest.consistency {
+        Some(c) => {
+            (c.reason_count, c.reasons.first().map(|r| format!("{}: {}", r.object, r.reason)).unwrap_or_default())
+        }
+        None => (0, String::new()),
+    };
+    format!(
+        "move blocked: final snapshot {} is inconsistent ({count} reasons, first: {first}); retrying. \
+         Override: kubectl annotate cluster <name> {BLOCK_MOVE_ANNOTATION}-",
+        manifest.snapshot_id
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(name: &str, paused: bool, blocked: bool) -> ClusterState {
+        ClusterState {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: name.into(),
+            paused,
+            blocked_by_restatus: blocked,
+        }
+    }
+
+    #[test]
+    fn unpaused_clusters_are_blocked_once() {
+        let clusters = [cluster("a", false, false), cluster("b", false, true)];
+        assert_eq!(next_step(&clusters, &Phase::default()), Step::Block(vec![cluster("a", false, false)]));
+        assert_eq!(next_step(&[cluster("b", false, true)], &Phase::default()), Step::Nothing);
+    }
+
+    #[test]
+    fn a_pause_asks_for_the_final_snapshot_then_unblocks() {
+        let clusters = [cluster("a", true, true)];
+        assert_eq!(next_step(&clusters, &Phase::default()), Step::FinalSnapshot);
+        let taken = Phase { final_snapshot: Some("S".into()) };
+        assert_eq!(next_step(&clusters, &taken), Step::Unblock(vec![cluster("a", true, true)]));
+        assert_eq!(next_step(&[cluster("a", true, false)], &taken), Step::Nothing, "already let go");
+    }
+
+    #[test]
+    fn an_aborted_move_releases_and_a_completed_one_does_not() {
+        let taken = Phase { final_snapshot: Some("S".into()) };
+        assert_eq!(next_step(&[cluster("a", false, false)], &taken), Step::Release, "unpaused and still here: aborted");
+        assert_eq!(next_step(&[], &taken), Step::Nothing, "gone: moved; the leftovers stay ignored");
+    }
+
+    #[test]
+    fn the_blocked_note_says_why_and_how_to_override() {
+        let capture = crate::capture::CaptureSummary {
+            kinds: vec![],
+            skipped: vec![],
+            conflicts: vec![],
+            consistency: crate::format::Consistency {
+                consistent: false,
+                attempts: 3,
+                reasons: vec![crate::format::Inconsistency {
+                    object: crate::format::ObjectRef {
+                        kind: "ServerClaim".into(),
+                        namespace: Some("n".into()),
+                        name: "c".into(),
+                    },
+                    reason: "binding".into(),
+                }],
+                reason_count: 1,
+            },
+        };
+        let summary =
+            crate::format::PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0 };
+        let id = crate::format::SnapshotId::new(Timestamp::now());
+        let manifest = Manifest::new("c", id, Timestamp::now(), "p", capture, summary);
+        let note = blocked_note(&manifest);
+        assert!(note.contains("inconsistent (1 reasons, first: ServerClaim n/c: binding)"), "{note}");
+        assert!(note.contains("kubectl annotate cluster <name> clusterctl.cluster.x-k8s.io/block-move-"), "{note}");
+    }
+}
