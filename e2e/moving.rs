@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use crate::bed::{Bed, TARGET, assert_success, fleet_state, stdout, unique};
 
 const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+const BLOCK_MOVE: &str = restatus::handshake::BLOCK_MOVE_ANNOTATION;
 
 fn api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, ns: Option<&str>) -> Api<DynamicObject> {
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
@@ -366,4 +367,254 @@ async fn the_controller_restores_a_clusterctl_move_as_it_lands() {
     }
     let _ = Command::new("kill").arg("-TERM").arg(controller.id().to_string()).status();
     assert!(controller.wait().unwrap().success());
+}
+
+fn cluster_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    api(client, "cluster.x-k8s.io/v1beta2", "Cluster", "clusters", Some(ns))
+}
+
+async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_source_handshake_holds_the_move_until_a_consistent_final_snapshot() {
+    let _target = TARGET.read().await;
+    let fx = Fixture::new(20, 10, 2).await;
+    let source = fx.bed.source().await;
+    let claims = api(&source, "metal.ironcore.dev/v1alpha1", "ServerClaim", "serverclaims", Some(&fx.ns));
+    let servers = api(&source, "metal.ironcore.dev/v1alpha1", "Server", "servers", None);
+    // A claim in the middle of binding: Unbound, yet with a serverRef.
+    let binding = format!("{}-waiting-0", fx.fleet.name);
+    let free_server = fx.fleet.server_name(15);
+    let serverref = json!({"spec": {"serverRef": {"name": free_server}}});
+    claims.patch(&binding, &PatchParams::default(), &Patch::Merge(&serverref)).await.unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut handshake = Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args([
+            "controller",
+            "--role",
+            "source",
+            "--selector",
+            &fx.selector(),
+            "--cluster-namespace",
+            &fx.ns,
+            "--interval",
+            "1s",
+        ])
+        .args([
+            "--lease-namespace",
+            "default",
+            "--lease-name",
+            &unique("src-lease"),
+            "--http-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--kubeconfig")
+        .arg(&fx.bed.source_kubeconfig)
+        .env("RESTATUS_STORAGE", &fx.storage)
+        .env("RESTATUS_CLUSTER_ID", &fx.fleet.name)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let clusters = cluster_api(&source, &fx.ns);
+    let annotation = |c: &DynamicObject| c.metadata.annotations.clone().unwrap_or_default().get(BLOCK_MOVE).cloned();
+    wait_for("block-move on the Cluster", Duration::from_secs(30), async || {
+        annotation(&clusters.get("workload").await.unwrap()).as_deref() == Some("restatus")
+    })
+    .await;
+
+    // clusterctl pauses the Cluster and waits on block-move, which stays: the claim is binding.
+    let move_started = jiff::Timestamp::now();
+    let bed_source = fx.bed.source_kubeconfig.clone();
+    let bed_target = fx.bed.target_kubeconfig.clone();
+    let (ns, config) = (fx.ns.clone(), fx.bed.scratch.path().join("clusterctl-config"));
+    let bin = std::path::Path::new(&std::env::var("RESTATUS_BIN").unwrap()).join("clusterctl");
+    let mover = std::thread::spawn(move || {
+        Command::new(bin)
+            .args(["move", "-n", &ns, "--kubeconfig"])
+            .arg(bed_source)
+            .arg("--to-kubeconfig")
+            .arg(bed_target)
+            .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
+            .env("XDG_CONFIG_HOME", config)
+            .output()
+            .unwrap()
+    });
+    let events = |bed: &Bed, ns: &str| {
+        stdout(&bed.kubectl(&bed.source_kubeconfig, &["-n", ns, "get", "events.events.k8s.io", "-o", "json"]))
+    };
+    wait_for("a MoveBlocked Event on the paused Cluster", Duration::from_secs(60), async || {
+        events(&fx.bed, &fx.ns).contains("MoveBlocked")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = clusters.get("workload").await.unwrap();
+    assert_eq!(held.data["spec"]["paused"], true, "clusterctl paused the Cluster");
+    assert_eq!(annotation(&held).as_deref(), Some("restatus"), "block-move stays while the capture is inconsistent");
+    assert!(!mover.is_finished(), "clusterctl must be waiting");
+    assert!(events(&fx.bed, &fx.ns).contains("binding"), "the Event says why");
+
+    // The claim settles; the next final snapshot is consistent and the move proceeds.
+    claims
+        .patch_status(&binding, &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Bound"}})))
+        .await
+        .unwrap();
+    let reserve = json!({"spec": {"serverClaimRef": {"namespace": fx.ns, "name": binding}}});
+    servers.patch(&free_server, &PatchParams::default(), &Patch::Merge(&reserve)).await.unwrap();
+    servers
+        .patch_status(&free_server, &PatchParams::default(), &Patch::Merge(json!({"status": {"state": "Reserved"}})))
+        .await
+        .unwrap();
+    let settled = jiff::Timestamp::now();
+    let out = tokio::task::spawn_blocking(move || mover.join().unwrap()).await.unwrap();
+    assert_success(&out, "clusterctl move");
+
+    let store = fx.bed.store(&fx.storage, &fx.fleet.name);
+    let newest = store.list().await.unwrap().into_iter().rev().find(|e| e.complete).unwrap();
+    let manifest = store.manifest(&newest.id).await.unwrap();
+    assert!(manifest.is_consistent(), "the final snapshot is consistent");
+    assert!(
+        manifest.created_at > settled && settled > move_started,
+        "the final snapshot was taken after the pause and the settling"
+    );
+
+    // Everything arrived quiesced by restatus, without status.
+    let target = fx.bed.target().await;
+    let arrived = fleet_state(&target, &fx.fleet.name).await;
+    assert_eq!(arrived.len(), 20 + 20 + 10 + 2);
+    for (name, (status, annotations)) in &arrived {
+        assert!(status.is_null(), "{name} arrived with status");
+        assert_eq!(
+            annotations.get(OPERATION_ANNOTATION).map(String::as_str),
+            Some("ignore"),
+            "{name} arrived unquiesced"
+        );
+        assert!(annotations.contains_key(QUIESCED_BY_ANNOTATION), "{name}: the ignore must be marked as restatus's");
+    }
+
+    // The restore uses exactly the final snapshot and releases every object.
+    let out = fx.bed.restatus_with(
+        &fx.bed.target_kubeconfig,
+        &fx.storage,
+        &fx.fleet.name,
+        &["restore", "--selector", &fx.selector(), "-o", "json"],
+        &[],
+    );
+    assert_success(&out, "restore");
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["snapshot"], manifest.snapshot_id.as_str());
+    let mut records = BTreeMap::new();
+    store
+        .load(&manifest.snapshot_id, |r| {
+            records.insert(
+                format!("{} {}", r.kind, r.object_name()),
+                serde_json::from_str::<Value>(r.status.get()).unwrap(),
+            );
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let restored = fleet_state(&target, &fx.fleet.name).await;
+    for (name, (status, annotations)) in &restored {
+        assert_eq!(Some(status), records.get(name), "{name}");
+        assert!(!annotations.contains_key(OPERATION_ANNOTATION), "{name} still ignored after the restore");
+    }
+    let _ = Command::new("kill").arg("-TERM").arg(handshake.id().to_string()).status();
+    assert!(handshake.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn preflight_names_what_blocks_a_move_and_waits_until_it_settles() {
+    let fx = Fixture::new(6, 3, 0).await;
+    let source = fx.bed.source().await;
+    let machines = api(&source, "cluster.x-k8s.io/v1beta2", "Machine", "machines", Some(&fx.ns));
+    let servers = api(&source, "metal.ironcore.dev/v1alpha1", "Server", "servers", None);
+    let (machine, server) = (fx.fleet.claim_ref(1).1, fx.fleet.server_name(4));
+    machines
+        .patch_status(&machine, &PatchParams::default(), &Patch::Merge(json!({"status": {"nodeRef": null}})))
+        .await
+        .unwrap();
+    servers
+        .patch_status(&server, &PatchParams::default(), &Patch::Merge(json!({"status": {"state": "Discovery"}})))
+        .await
+        .unwrap();
+    let selector = fx.selector();
+    let preflight = |extra: &[&str]| {
+        let mut args = vec!["preflight", "--selector", &selector, "--cluster-namespace", &fx.ns];
+        args.extend(extra);
+        let args: Vec<String> = args.into_iter().map(String::from).collect();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_restatus"));
+        cmd.args(&args)
+            .arg("--kubeconfig")
+            .arg(&fx.bed.source_kubeconfig)
+            .env("RESTATUS_STORAGE", &fx.storage)
+            .env("RESTATUS_CLUSTER_ID", &fx.fleet.name);
+        cmd
+    };
+
+    let out = preflight(&["-o", "json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "not ready: {}", stdout(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let reasons: Vec<String> = report["blockers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| format!("{} {}: {}", b["object"]["kind"], b["object"]["name"], b["reason"]))
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains(&format!("\"Machine\" \"{machine}\"")) && r.contains("nodeRef")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains(&format!("\"Server\" \"{server}\"")) && r.contains("Discovery")),
+        "{reasons:?}"
+    );
+    assert!(reasons.iter().any(|r| r.contains("no consistent snapshot")), "freshness: {reasons:?}");
+    let table = preflight(&[]).output().unwrap();
+    assert!(stdout(&table).starts_with("NOT READY"), "{}", stdout(&table));
+
+    // --wait holds until both settle, then takes the snapshot and succeeds.
+    let waiting = preflight(&["--wait", "--timeout", "60s", "--snapshot-when-ready"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    machines
+        .patch_status(
+            &machine,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeRef": {"name": "node-1"}}})),
+        )
+        .await
+        .unwrap();
+    servers
+        .patch_status(&server, &PatchParams::default(), &Patch::Merge(json!({"status": {"state": "Available"}})))
+        .await
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || waiting.wait_with_output().unwrap()).await.unwrap();
+    assert!(out.status.success(), "--wait: {}", stdout(&out));
+    assert!(stdout(&out).starts_with("READY") && stdout(&out).contains("snapshot"), "{}", stdout(&out));
+    assert_eq!(preflight(&[]).output().unwrap().status.code(), Some(0), "fresh snapshot, nothing blocks");
+
+    // Could not check: exit 2.
+    let nowhere = fx.bed.scratch.path().join("nowhere.kubeconfig");
+    let mut config = kube::config::Kubeconfig::read_from(&fx.bed.source_kubeconfig).unwrap();
+    for c in &mut config.clusters {
+        if let Some(c) = c.cluster.as_mut() {
+            c.server = Some("https://127.0.0.1:9".into());
+        }
+    }
+    std::fs::write(&nowhere, serde_json::to_vec(&config).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args(["preflight", "--kubeconfig", nowhere.to_str().unwrap()])
+        .env("RESTATUS_STORAGE", &fx.storage)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }
