@@ -264,8 +264,11 @@ async fn unreachable_api_server_fails_the_backup_without_a_manifest() {
 async fn schedule_takes_a_backup_at_the_next_minute_and_stops_on_sigterm() {
     let bed = Bed::get();
     let storage = bed.storage("schedule");
+    // Its own (empty) selection: the shared source changes under parallel tests, and an
+    // inconsistent capture is retaken, which would move the snapshot off the minute.
+    let selector = format!("{}={}", restatus::fleet::FLEET_LABEL, unique("sched"));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
-        .args(["schedule", "--cron", "* * * * *", "--kubeconfig"])
+        .args(["schedule", "--cron", "* * * * *", "--selector", &selector, "--kubeconfig"])
         .arg(&bed.source_kubeconfig)
         .env("RESTATUS_STORAGE", &storage)
         .env("RESTATUS_CLUSTER_ID", "sched")

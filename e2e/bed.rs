@@ -105,6 +105,11 @@ impl Bed {
 /// holds it exclusively, so no other test sees the outage.
 pub static TARGET: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
+/// Tests that run `clusterctl move` hold this for their whole run: a move copies every
+/// cluster-scoped object labelled for moving, whatever its namespace flag says, so two moves at
+/// once would carry each other's fleets.
+pub static MOVES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff)
 }

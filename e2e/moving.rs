@@ -18,7 +18,7 @@ use restatus::fleet::{FLEET_LABEL, FleetSpec};
 use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use serde_json::{Value, json};
 
-use crate::bed::{Bed, TARGET, assert_success, fleet_state, stdout, unique};
+use crate::bed::{Bed, MOVES, TARGET, assert_success, fleet_state, stdout, unique};
 
 const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
 const BLOCK_MOVE: &str = restatus::handshake::BLOCK_MOVE_ANNOTATION;
@@ -256,6 +256,7 @@ fn assert_restored(before: &State, after: &State, snapshot: &str) {
 
 #[tokio::test]
 async fn clusterctl_move_then_restore_brings_every_status_back() {
+    let _moves = MOVES.lock().await;
     let _target = TARGET.read().await;
     let fx = Fixture::new(60, 40, 10).await;
     let before = fleet_state(&fx.bed.source().await, &fx.fleet.name).await;
@@ -314,6 +315,7 @@ async fn clusterctl_move_then_restore_brings_every_status_back() {
 
 #[tokio::test]
 async fn the_controller_restores_a_clusterctl_move_as_it_lands() {
+    let _moves = MOVES.lock().await;
     let _target = TARGET.read().await;
     let fx = Fixture::new(30, 20, 4).await;
     let before = fleet_state(&fx.bed.source().await, &fx.fleet.name).await;
@@ -383,6 +385,7 @@ async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> b
 
 #[tokio::test]
 async fn the_source_handshake_holds_the_move_until_a_consistent_final_snapshot() {
+    let _moves = MOVES.lock().await;
     let _target = TARGET.read().await;
     let fx = Fixture::new(20, 10, 2).await;
     let source = fx.bed.source().await;

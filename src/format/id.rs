@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
-/// A snapshot id: `YYYYMMDDTHHMMSSZ-xxxxxx`, the capture start in UTC and six random hex digits.
-/// Ids sort by time as strings, so object-store listings come back in snapshot order.
+/// A snapshot id: `YYYYMMDDTHHMMSS.mmmZ-xxxxxx`, the capture start in UTC to the millisecond
+/// and six random hex digits. Ids sort by time as strings, so object-store listings come back
+/// in snapshot order, also for two snapshots taken within one second.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct SnapshotId(String);
@@ -15,17 +16,17 @@ pub struct SnapshotId(String);
 impl SnapshotId {
     pub fn new(at: Timestamp) -> Self {
         let suffix: u32 = rand::random::<u32>() & 0x00ff_ffff;
-        SnapshotId(format!("{}-{suffix:06x}", at.strftime("%Y%m%dT%H%M%SZ")))
+        SnapshotId(format!("{}-{suffix:06x}", at.strftime("%Y%m%dT%H%M%S%.3fZ")))
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
-    /// The capture time encoded in the id (second precision).
+    /// The capture time encoded in the id (millisecond precision).
     pub fn timestamp(&self) -> Option<Timestamp> {
-        let stamp = self.0.get(..16)?;
-        jiff::civil::DateTime::strptime("%Y%m%dT%H%M%SZ", stamp)
+        let stamp = self.0.get(..20)?;
+        jiff::civil::DateTime::strptime("%Y%m%dT%H%M%S%.fZ", stamp)
             .ok()?
             .to_zoned(jiff::tz::TimeZone::UTC)
             .ok()
@@ -37,13 +38,14 @@ impl FromStr for SnapshotId {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Error> {
-        let valid = s.len() == 23
-            && s.as_bytes()[8] == b'T'
-            && s.as_bytes()[15] == b'Z'
-            && s.as_bytes()[16] == b'-'
-            && s[..8].bytes().all(|b| b.is_ascii_digit())
-            && s[9..15].bytes().all(|b| b.is_ascii_digit())
-            && s[17..].bytes().all(|b| b.is_ascii_hexdigit());
+        let b = s.as_bytes();
+        let valid = s.len() == 27
+            && b[8] == b'T'
+            && b[15] == b'.'
+            && b[19] == b'Z'
+            && b[20] == b'-'
+            && b[..8].iter().chain(&b[9..15]).chain(&b[16..19]).all(u8::is_ascii_digit)
+            && b[21..].iter().all(u8::is_ascii_hexdigit);
         let id = SnapshotId(s.to_string());
         if valid && id.timestamp().is_some() { Ok(id) } else { Err(Error::InvalidSnapshotId(s.into())) }
     }
@@ -81,14 +83,27 @@ mod tests {
         assert!(a < b);
         assert_eq!(a.as_str().parse::<SnapshotId>().unwrap(), a);
         assert_eq!(a.timestamp(), Some(early));
-        assert!(a.as_str().starts_with("20261130T090000Z-"));
+        assert!(a.as_str().starts_with("20261130T090000.000Z-"), "{a}");
+        // Within one second, order still follows time, whatever the random suffix.
+        for _ in 0..50 {
+            let first = SnapshotId::new("2026-11-30T09:00:00.100Z".parse().unwrap());
+            let second = SnapshotId::new("2026-11-30T09:00:00.101Z".parse().unwrap());
+            assert!(first < second);
+            assert_eq!(second.timestamp(), Some("2026-11-30T09:00:00.101Z".parse().unwrap()));
+        }
     }
 
     #[test]
     fn rejects_malformed_ids() {
-        for bad in
-            ["", "latest", "20261130T090000Z", "20261130T090000Z-zzzzzz", "../../etc/passwd", "20261399T090000Z-000000"]
-        {
+        for bad in [
+            "",
+            "latest",
+            "20261130T090000.000Z",
+            "20261130T090000.000Z-zzzzzz",
+            "../../etc/passwd",
+            "20261399T090000.000Z-000000",
+            "20261130T090000Z-000000",
+        ] {
             assert!(bad.parse::<SnapshotId>().is_err(), "{bad} accepted");
         }
     }
