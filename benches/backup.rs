@@ -25,7 +25,7 @@ async fn bare_list(client: &kube::Client, profile: &Profile) -> (usize, usize) {
     for kind in &profile.kinds {
         let mut token: Option<String> = None;
         while let Some(body) =
-            fetch_page(client, kind, &PageRequest { size: PAGE, selector: None }, token.as_deref()).await.unwrap()
+            fetch_page(client, kind, &PageRequest { size: PAGE, ..Default::default() }, token.as_deref()).await.unwrap()
         {
             bytes += body.len();
             let page = ListPage::parse(kind, &body).unwrap();
@@ -45,7 +45,7 @@ async fn status_bytes(client: &kube::Client, kinds: &[KindProfile]) -> usize {
     for kind in kinds {
         let mut token: Option<String> = None;
         while let Some(body) =
-            fetch_page(client, kind, &PageRequest { size: PAGE, selector: None }, token.as_deref()).await.unwrap()
+            fetch_page(client, kind, &PageRequest { size: PAGE, ..Default::default() }, token.as_deref()).await.unwrap()
         {
             let page = ListPage::parse(kind, &body).unwrap();
             for item in &page.items {
