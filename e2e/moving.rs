@@ -158,27 +158,36 @@ impl Fixture {
         format!("{FLEET_LABEL}={}", self.fleet.name)
     }
 
+    /// `restatus restore` of the fleet on the target; the JSON report.
+    fn restore(&self) -> Value {
+        let args = ["restore", "--selector", &self.selector(), "-o", "json"];
+        let out = self.bed.restatus_with(&self.bed.target_kubeconfig, &self.storage, &self.fleet.name, &args, &[]);
+        assert_success(&out, "restore");
+        serde_json::from_str(&stdout(&out)).expect("restore -o json")
+    }
+
     fn backup(&self) -> String {
         let out = self.bed.restatus(&self.storage, &self.fleet.name, &["backup", "--selector", &self.selector()]);
         assert_success(&out, "backup");
         stdout(&out).trim().to_string()
     }
 
-    /// The real `clusterctl move` of the fixture's namespace.
-    fn clusterctl_move(&self) -> Duration {
+    /// The real `clusterctl move` of the fixture's namespace, ready to run.
+    fn clusterctl_move_command(&self) -> Command {
         let bin = std::env::var("RESTATUS_BIN").expect("RESTATUS_BIN: the test bed's bin folder");
-        let config = self.bed.scratch.path().join("clusterctl-config");
-        let started = Instant::now();
-        let out = Command::new(std::path::Path::new(&bin).join("clusterctl"))
-            .args(["move", "-n", &self.ns, "--kubeconfig"])
+        let mut cmd = Command::new(std::path::Path::new(&bin).join("clusterctl"));
+        cmd.args(["move", "-n", &self.ns, "--kubeconfig"])
             .arg(&self.bed.source_kubeconfig)
             .arg("--to-kubeconfig")
             .arg(&self.bed.target_kubeconfig)
             .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
-            .env("XDG_CONFIG_HOME", &config)
-            .output()
-            .unwrap();
-        assert_success(&out, "clusterctl move");
+            .env("XDG_CONFIG_HOME", self.bed.scratch.path().join("clusterctl-config"));
+        cmd
+    }
+
+    fn clusterctl_move(&self) -> Duration {
+        let started = Instant::now();
+        assert_success(&self.clusterctl_move_command().output().unwrap(), "clusterctl move");
         started.elapsed()
     }
 }
@@ -287,29 +296,13 @@ async fn clusterctl_move_then_restore_brings_every_status_back() {
     .unwrap();
     assert_eq!(Some(&owner.uid), imm.metadata.uid.as_ref());
 
-    let out = fx.bed.restatus_with(
-        &fx.bed.target_kubeconfig,
-        &fx.storage,
-        &fx.fleet.name,
-        &["restore", "--selector", &fx.selector(), "-o", "json"],
-        &[],
-    );
-    assert_success(&out, "restore");
-    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let report = fx.restore();
     assert_eq!(report["snapshot"], snapshot.as_str());
     assert_eq!(report["counts"]["restore"], 170);
     assert!(report["pairing"].as_array().unwrap().is_empty(), "{}", report["pairing"]);
     assert_restored(&before, &fleet_state(&target, &fx.fleet.name).await, &snapshot);
 
-    let again = fx.bed.restatus_with(
-        &fx.bed.target_kubeconfig,
-        &fx.storage,
-        &fx.fleet.name,
-        &["restore", "--selector", &fx.selector(), "-o", "json"],
-        &[],
-    );
-    assert_success(&again, "second restore");
-    let again: Value = serde_json::from_str(&stdout(&again)).unwrap();
+    let again = fx.restore();
     assert_eq!(again["writes"], 0, "a second restore writes nothing");
 }
 
@@ -434,21 +427,8 @@ async fn the_source_handshake_holds_the_move_until_a_consistent_final_snapshot()
 
     // clusterctl pauses the Cluster and waits on block-move, which stays: the claim is binding.
     let move_started = jiff::Timestamp::now();
-    let bed_source = fx.bed.source_kubeconfig.clone();
-    let bed_target = fx.bed.target_kubeconfig.clone();
-    let (ns, config) = (fx.ns.clone(), fx.bed.scratch.path().join("clusterctl-config"));
-    let bin = std::path::Path::new(&std::env::var("RESTATUS_BIN").unwrap()).join("clusterctl");
-    let mover = std::thread::spawn(move || {
-        Command::new(bin)
-            .args(["move", "-n", &ns, "--kubeconfig"])
-            .arg(bed_source)
-            .arg("--to-kubeconfig")
-            .arg(bed_target)
-            .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
-            .env("XDG_CONFIG_HOME", config)
-            .output()
-            .unwrap()
-    });
+    let mut command = fx.clusterctl_move_command();
+    let mover = std::thread::spawn(move || command.output().unwrap());
     let events = |bed: &Bed, ns: &str| {
         stdout(&bed.kubectl(&bed.source_kubeconfig, &["-n", ns, "get", "events.events.k8s.io", "-o", "json"]))
     };
@@ -502,15 +482,7 @@ async fn the_source_handshake_holds_the_move_until_a_consistent_final_snapshot()
     }
 
     // The restore uses exactly the final snapshot and releases every object.
-    let out = fx.bed.restatus_with(
-        &fx.bed.target_kubeconfig,
-        &fx.storage,
-        &fx.fleet.name,
-        &["restore", "--selector", &fx.selector(), "-o", "json"],
-        &[],
-    );
-    assert_success(&out, "restore");
-    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let report = fx.restore();
     assert_eq!(report["snapshot"], manifest.snapshot_id.as_str());
     let mut records = BTreeMap::new();
     store

@@ -275,6 +275,33 @@ pub async fn fetch_page(
     }
 }
 
+/// Lists every object of `kind` page by page and hands each to `visit`, parsed as a
+/// [`RawObject`]. Returns false when the API server does not serve the kind.
+pub async fn list_objects(
+    client: &kube::Client,
+    kind: &KindProfile,
+    page: &PageRequest<'_>,
+    mut visit: impl FnMut(&RawObject<'_>) -> Result<()>,
+) -> Result<bool> {
+    let mut token: Option<String> = None;
+    loop {
+        let Some(body) = fetch_page(client, kind, page, token.as_deref()).await? else { return Ok(false) };
+        let list = ListPage::parse(kind, &body)?;
+        for item in &list.items {
+            let object = RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
+                kind: kind.qualified_kind(),
+                name: "(list item)".into(),
+                reason: e.to_string(),
+            })?;
+            visit(&object)?;
+        }
+        match list.next() {
+            Some(next) => token = Some(next.to_string()),
+            None => return Ok(true),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,11 +25,10 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::backup::{self, BackupOptions};
-use crate::capture::{ListPage, PageRequest, fetch_page};
+use crate::capture::{PageRequest, list_objects};
 use crate::fleet::api_for;
 use crate::format::Manifest;
 use crate::identity::KindProfile;
-use crate::object::RawObject;
 use crate::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
 use crate::store::SnapshotStore;
 use crate::{Error, Result, TOOL_NAME};
@@ -181,33 +180,21 @@ impl Handshake {
     }
 
     async fn clusters(&self) -> Result<Vec<ClusterState>> {
-        let kind = cluster_kind();
         let page = PageRequest { size: 500, selector: None, namespace: self.cluster_namespace.as_deref() };
         let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        while let Some(body) = fetch_page(&self.client, &kind, &page, token.as_deref()).await? {
-            let list = ListPage::parse(&kind, &body)?;
-            for item in &list.items {
-                let object = RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
-                    kind: kind.qualified_kind(),
-                    name: "(list item)".into(),
-                    reason: e.to_string(),
-                })?;
-                let annotations = object.meta.annotations.clone().unwrap_or_default();
-                out.push(ClusterState {
-                    namespace: object.meta.namespace.as_deref().unwrap_or_default().to_string(),
-                    name: object.meta.name.to_string(),
-                    uid: object.meta.uid.as_deref().unwrap_or_default().to_string(),
-                    paused: object.bool_at("spec.paused") == Some(true)
-                        || annotations.contains_key("cluster.x-k8s.io/paused"),
-                    blocked_by_restatus: annotations.get(BLOCK_MOVE_ANNOTATION).map(String::as_str) == Some(TOOL_NAME),
-                });
-            }
-            match list.next() {
-                Some(next) => token = Some(next.to_string()),
-                None => break,
-            }
-        }
+        list_objects(&self.client, &cluster_kind(), &page, |object| {
+            let annotations = object.meta.annotations.clone().unwrap_or_default();
+            out.push(ClusterState {
+                namespace: object.meta.namespace.as_deref().unwrap_or_default().to_string(),
+                name: object.meta.name.to_string(),
+                uid: object.meta.uid.as_deref().unwrap_or_default().to_string(),
+                paused: object.bool_at("spec.paused") == Some(true)
+                    || annotations.contains_key("cluster.x-k8s.io/paused"),
+                blocked_by_restatus: annotations.get(BLOCK_MOVE_ANNOTATION).map(String::as_str) == Some(TOOL_NAME),
+            });
+            Ok(())
+        })
+        .await?;
         Ok(out)
     }
 
@@ -238,29 +225,22 @@ impl Handshake {
         body: Value,
     ) -> Result<usize> {
         let params = PatchParams { field_manager: Some(TOOL_NAME.into()), ..Default::default() };
-        let page = self.backup.page();
         let mut count = 0;
         for kind in self.backup.profile.kinds.iter().filter(|k| !k.is_denied()) {
-            let mut token: Option<String> = None;
-            while let Some(list_body) = fetch_page(&self.client, kind, &page, token.as_deref()).await? {
-                let list = ListPage::parse(kind, &list_body)?;
-                for item in &list.items {
-                    let Ok(object) = RawObject::parse(item.get()) else { continue };
-                    if !wanted(&object.meta.annotations.clone().unwrap_or_default()) {
-                        continue;
-                    }
-                    let api = api_for(&self.client, kind, object.meta.namespace.as_deref());
-                    match api.patch(&object.meta.name, &params, &Patch::Merge(&body)).await {
-                        Ok(_) => count += 1,
-                        Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                        Err(e) => {
-                            return Err(Error::kube(format!("annotate {} {}", kind.kind, object.namespaced_name()), e));
-                        }
-                    }
+            let mut targets: Vec<(Option<String>, String)> = Vec::new();
+            list_objects(&self.client, kind, &self.backup.page(), |object| {
+                if wanted(&object.meta.annotations.clone().unwrap_or_default()) {
+                    targets.push((object.meta.namespace.as_ref().map(|n| n.to_string()), object.meta.name.to_string()));
                 }
-                match list.next() {
-                    Some(next) => token = Some(next.to_string()),
-                    None => break,
+                Ok(())
+            })
+            .await?;
+            for (namespace, name) in targets {
+                let api = api_for(&self.client, kind, namespace.as_deref());
+                match api.patch(&name, &params, &Patch::Merge(&body)).await {
+                    Ok(_) => count += 1,
+                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                    Err(e) => return Err(Error::kube(format!("annotate {} {name}", kind.kind), e)),
                 }
             }
         }

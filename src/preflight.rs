@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::info;
 
-use crate::capture::{ListPage, PageRequest, fetch_page};
+use crate::capture::{PageRequest, list_objects};
 use crate::format::{Consistency, ObjectRef, Record};
 use crate::identity::{IdentityKey, KindProfile, Profile};
 use crate::object::RawObject;
@@ -188,28 +188,17 @@ pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &Preflig
     let live = read_live(client, &opts.profile, &page).await?;
     let mut clusters = Vec::new();
     let mut machines = Vec::new();
-    for kind in [capi_kind("Cluster", "clusters"), capi_kind("Machine", "machines")] {
-        let all = PageRequest { size: 500, selector: None, namespace: opts.cluster_namespace.as_deref() };
-        let mut token: Option<String> = None;
-        while let Some(body) = fetch_page(client, &kind, &all, token.as_deref()).await? {
-            let list = ListPage::parse(&kind, &body)?;
-            for item in &list.items {
-                let object = RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
-                    kind: kind.qualified_kind(),
-                    name: "(list item)".into(),
-                    reason: e.to_string(),
-                })?;
-                match kind.kind.as_str() {
-                    "Cluster" => clusters.push(ClusterView::from_raw(&object)),
-                    _ => machines.push(MachineView::from_raw(&object)),
-                }
-            }
-            match list.next() {
-                Some(next) => token = Some(next.to_string()),
-                None => break,
-            }
-        }
-    }
+    let capi = PageRequest { size: 500, selector: None, namespace: opts.cluster_namespace.as_deref() };
+    list_objects(client, &capi_kind("Cluster", "clusters"), &capi, |o| {
+        clusters.push(ClusterView::from_raw(o));
+        Ok(())
+    })
+    .await?;
+    list_objects(client, &capi_kind("Machine", "machines"), &capi, |o| {
+        machines.push(MachineView::from_raw(o));
+        Ok(())
+    })
+    .await?;
     let (stale, snapshot) = if opts.freshness {
         match choose_snapshot(store, None, false).await {
             Ok(loaded) => {

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use crate::capture::{ListPage, PageRequest, fetch_page};
+use crate::capture::{PageRequest, list_objects};
 use crate::fleet::api_for;
 use crate::format::{Manifest, ObjectRef, Record, SnapshotId};
 use crate::identity::{KindProfile, Profile};
@@ -156,25 +156,18 @@ pub async fn read_live(client: &kube::Client, profile: &Profile, page: &PageRequ
     };
     let mut collector = crate::capture::Collector::new();
     for kind in profile.kinds.iter().filter(|k| !k.is_denied()) {
-        let mut token: Option<String> = None;
-        while let Some(body) = fetch_page(client, kind, page, token.as_deref()).await? {
-            let page = ListPage::parse(kind, &body)?;
-            for item in &page.items {
-                let invalid = |e: serde_json::Error| Error::InvalidObject {
-                    kind: kind.qualified_kind(),
-                    name: "(live object)".into(),
-                    reason: e.to_string(),
-                };
-                let object = RawObject::parse(item.get()).map_err(invalid)?;
-                collect_views(kind, &object, &mut state);
-                collector.add(kind, &object);
-                state.objects.push(LiveObject::from_raw(kind, &object).map_err(invalid)?);
-            }
-            match page.next() {
-                Some(next) => token = Some(next.to_string()),
-                None => break,
-            }
-        }
+        list_objects(client, kind, page, |object| {
+            collect_views(kind, object, &mut state);
+            collector.add(kind, object);
+            let live = LiveObject::from_raw(kind, object).map_err(|e| Error::InvalidObject {
+                kind: kind.qualified_kind(),
+                name: object.namespaced_name(),
+                reason: e.to_string(),
+            })?;
+            state.objects.push(live);
+            Ok(())
+        })
+        .await?;
     }
     state.consistency = collector.finish(1).consistency;
     Ok(state)
