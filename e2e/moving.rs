@@ -158,6 +158,21 @@ impl Fixture {
         format!("{FLEET_LABEL}={}", self.fleet.name)
     }
 
+    /// The source-role controller guarding the fixture's namespace.
+    fn handshake(&self) -> std::process::Child {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Command::new(env!("CARGO_BIN_EXE_restatus"))
+            .args(["controller", "--role", "source", "--selector", &self.selector(), "--cluster-namespace", &self.ns])
+            .args(["--interval", "1s", "--lease-namespace", "default", "--lease-name", &unique("src-lease")])
+            .args(["--http-addr", &format!("127.0.0.1:{port}"), "--kubeconfig"])
+            .arg(&self.bed.source_kubeconfig)
+            .env("RESTATUS_STORAGE", &self.storage)
+            .env("RESTATUS_CLUSTER_ID", &self.fleet.name)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
     /// `restatus restore` of the fleet on the target; the JSON report.
     fn restore(&self) -> Value {
         let args = ["restore", "--selector", &self.selector(), "-o", "json"];
@@ -390,34 +405,7 @@ async fn the_source_handshake_holds_the_move_until_a_consistent_final_snapshot()
     let serverref = json!({"spec": {"serverRef": {"name": free_server}}});
     claims.patch(&binding, &PatchParams::default(), &Patch::Merge(&serverref)).await.unwrap();
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut handshake = Command::new(env!("CARGO_BIN_EXE_restatus"))
-        .args([
-            "controller",
-            "--role",
-            "source",
-            "--selector",
-            &fx.selector(),
-            "--cluster-namespace",
-            &fx.ns,
-            "--interval",
-            "1s",
-        ])
-        .args([
-            "--lease-namespace",
-            "default",
-            "--lease-name",
-            &unique("src-lease"),
-            "--http-addr",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .arg("--kubeconfig")
-        .arg(&fx.bed.source_kubeconfig)
-        .env("RESTATUS_STORAGE", &fx.storage)
-        .env("RESTATUS_CLUSTER_ID", &fx.fleet.name)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut handshake = fx.handshake();
     let clusters = cluster_api(&source, &fx.ns);
     let annotation = |c: &DynamicObject| c.metadata.annotations.clone().unwrap_or_default().get(BLOCK_MOVE).cloned();
     wait_for("block-move on the Cluster", Duration::from_secs(30), async || {
@@ -557,6 +545,7 @@ async fn preflight_names_what_blocks_a_move_and_waits_until_it_settles() {
     // --wait holds until both settle, then takes the snapshot and succeeds.
     let waiting = preflight(&["--wait", "--timeout", "60s", "--snapshot-when-ready"])
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -575,6 +564,9 @@ async fn preflight_names_what_blocks_a_move_and_waits_until_it_settles() {
     let out = tokio::task::spawn_blocking(move || waiting.wait_with_output().unwrap()).await.unwrap();
     assert!(out.status.success(), "--wait: {}", stdout(&out));
     assert!(stdout(&out).starts_with("READY") && stdout(&out).contains("snapshot"), "{}", stdout(&out));
+    let progress = crate::bed::stderr(&out);
+    assert!(progress.contains(&format!("cleared: Machine {}/{machine}", fx.ns)), "what changed: {progress}");
+    assert!(progress.contains(&format!("cleared: Server {server}")), "what changed: {progress}");
     assert_eq!(preflight(&[]).output().unwrap().status.code(), Some(0), "fresh snapshot, nothing blocks");
 
     // Could not check: exit 2.
@@ -592,4 +584,43 @@ async fn preflight_names_what_blocks_a_move_and_waits_until_it_settles() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn an_aborted_move_releases_restatus_ignore_and_blocks_again() {
+    let fx = Fixture::new(4, 2, 0).await;
+    let source = fx.bed.source().await;
+    let clusters = cluster_api(&source, &fx.ns);
+    let mut handshake = fx.handshake();
+    let block = |c: &DynamicObject| c.metadata.annotations.clone().unwrap_or_default().get(BLOCK_MOVE).cloned();
+    wait_for("block-move on the Cluster", Duration::from_secs(30), async || {
+        block(&clusters.get("workload").await.unwrap()).as_deref() == Some("restatus")
+    })
+    .await;
+
+    // What clusterctl does first: pause the Cluster. The handshake lets go after its snapshot.
+    let pause = |paused: bool| json!({"spec": {"paused": paused}});
+    clusters.patch("workload", &PatchParams::default(), &Patch::Merge(pause(true))).await.unwrap();
+    wait_for("block-move removed after the final snapshot", Duration::from_secs(30), async || {
+        block(&clusters.get("workload").await.unwrap()).is_none()
+    })
+    .await;
+    let quiesced = fleet_state(&source, &fx.fleet.name).await;
+    assert!(
+        quiesced.values().all(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION)),
+        "every object quiesced before the move may go"
+    );
+
+    // The move is aborted: the Cluster is unpaused and still here.
+    clusters.patch("workload", &PatchParams::default(), &Patch::Merge(pause(false))).await.unwrap();
+    wait_for("restatus's ignore released and block-move back", Duration::from_secs(30), async || {
+        let released = fleet_state(&source, &fx.fleet.name)
+            .await
+            .values()
+            .all(|(_, a)| !a.contains_key(QUIESCED_BY_ANNOTATION) && !a.contains_key(OPERATION_ANNOTATION));
+        released && block(&clusters.get("workload").await.unwrap()).as_deref() == Some("restatus")
+    })
+    .await;
+    let _ = Command::new("kill").arg("-TERM").arg(handshake.id().to_string()).status();
+    assert!(handshake.wait().unwrap().success());
 }

@@ -261,15 +261,23 @@ async fn preflight(g: &Global, args: PreflightArgs) -> Result<std::process::Exit
         OutputFormat::Table => print!("{}", output::preflight_text(report)),
     };
     let mut report = if args.wait {
-        let mut last: Option<usize> = None;
+        // Each evaluation prints the count of blocking objects and what changed since the last.
+        let mut last: Option<std::collections::BTreeSet<String>> = None;
         preflight::wait(&client, &store, &options, args.timeout, Duration::from_millis(500), |r| {
-            if last != Some(r.blockers.len()) {
-                eprintln!(
-                    "{} blocking objects{}",
-                    r.blockers.len(),
-                    r.blockers.first().map(|b| format!(", e.g. {}: {}", b.object, b.reason)).unwrap_or_default()
-                );
-                last = Some(r.blockers.len());
+            let now: std::collections::BTreeSet<String> =
+                r.blockers.iter().map(|b| format!("{}: {}", b.object, b.reason)).collect();
+            if last.as_ref() != Some(&now) {
+                let before = last.take().unwrap_or_default();
+                let cleared: Vec<&String> = before.difference(&now).collect();
+                let new: Vec<&String> = now.difference(&before).collect();
+                eprintln!("{} blocking objects", now.len());
+                for line in cleared {
+                    eprintln!("  cleared: {line}");
+                }
+                for line in new {
+                    eprintln!("  blocks:  {line}");
+                }
+                last = Some(now);
             }
         })
         .await?
