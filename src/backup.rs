@@ -9,10 +9,9 @@ use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
-use crate::capture::{CaptureSummary, Collector, ListPage, PageRequest, fetch_page, reasons};
+use crate::capture::{CaptureSummary, Collector, ListPage, PageRequest, fetch_page, parse_item, reasons};
 use crate::format::{Manifest, PayloadEncoder, SnapshotId};
 use crate::identity::{KindProfile, Profile};
-use crate::object::RawObject;
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
 
@@ -153,11 +152,7 @@ fn encode_page(
     encoder: &mut PayloadEncoder,
 ) -> Result<()> {
     for item in &page.items {
-        let object = RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
-            kind: kind.qualified_kind(),
-            name: "(unreadable item)".into(),
-            reason: e.to_string(),
-        })?;
+        let object = parse_item(kind, item)?;
         if let Some(record) = collector.add(kind, &object) {
             encoder.push(&record).map_err(|e| Error::io(format!("encode {}", record.object_name()), e))?;
         }

@@ -91,6 +91,11 @@ impl Collector {
         Some(record_of(kind, object, keys, status))
     }
 
+    /// Claim/server pairing violations among the objects added so far.
+    pub fn pairing(&self) -> Vec<crate::pairing::Violation> {
+        crate::pairing::check(&self.servers, &self.claims)
+    }
+
     /// Ends the capture with its consistency verdict (see [`judge`]).
     pub fn finish(self, attempts: u32) -> CaptureSummary {
         let conflicts: Vec<KeyConflict> = self
@@ -275,6 +280,15 @@ pub async fn fetch_page(
     }
 }
 
+/// One item of a LIST response as a [`RawObject`], or an error naming its kind.
+pub fn parse_item<'a>(kind: &KindProfile, item: &'a RawValue) -> Result<RawObject<'a>> {
+    RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
+        kind: kind.qualified_kind(),
+        name: "(list item)".into(),
+        reason: e.to_string(),
+    })
+}
+
 /// Lists every object of `kind` page by page and hands each to `visit`, parsed as a
 /// [`RawObject`]. Returns false when the API server does not serve the kind.
 pub async fn list_objects(
@@ -288,12 +302,7 @@ pub async fn list_objects(
         let Some(body) = fetch_page(client, kind, page, token.as_deref()).await? else { return Ok(false) };
         let list = ListPage::parse(kind, &body)?;
         for item in &list.items {
-            let object = RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
-                kind: kind.qualified_kind(),
-                name: "(list item)".into(),
-                reason: e.to_string(),
-            })?;
-            visit(&object)?;
+            visit(&parse_item(kind, item)?)?;
         }
         match list.next() {
             Some(next) => token = Some(next.to_string()),

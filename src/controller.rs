@@ -21,7 +21,6 @@ use tracing::{debug, info, warn};
 use crate::format::{Manifest, Record};
 use crate::identity::{IdentityKey, KindProfile, Profile};
 use crate::metrics::Metrics;
-use crate::object::RawObject;
 use crate::plan::{self, LiveObject, PlanInput, Verdict};
 use crate::restore::{Applier, choose_snapshot};
 use crate::store::SnapshotStore;
@@ -294,7 +293,7 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
             Ok(Some(event)) => {
                 let change = match event {
                     watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-                        live_object(&kind, &o).map(Change::Upsert)
+                        LiveObject::from_dynamic(&kind, &o).ok().map(Change::Upsert)
                     }
                     watcher::Event::Delete(o) => o.metadata.uid.clone().map(Change::Delete),
                     watcher::Event::InitDone if seen.insert(kind.kind.clone()) => Some(Change::Listed),
@@ -314,12 +313,6 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
             }
         }
     }
-}
-
-fn live_object(kind: &KindProfile, object: &kube::api::DynamicObject) -> Option<LiveObject> {
-    let json = serde_json::to_string(object).ok()?;
-    let raw = RawObject::parse(&json).ok()?;
-    LiveObject::from_raw(kind, &raw).ok()
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` until the process ends.

@@ -155,7 +155,9 @@ impl Handshake {
                     }
                     phase.final_snapshot = Some(manifest.snapshot_id.to_string());
                     // Unblock in the same step: clusterctl is waiting.
-                    Box::pin(self.step(phase)).await?;
+                    if let Step::Unblock(paused) = next_step(&clusters, phase) {
+                        self.unblock(&paused, phase).await?;
+                    }
                 } else {
                     let note = blocked_note(&manifest);
                     warn!(snapshot = %manifest.snapshot_id, "{note}");
@@ -164,17 +166,20 @@ impl Handshake {
                     }
                 }
             }
-            Step::Unblock(clusters) => {
-                for c in &clusters {
-                    self.annotate_cluster(c, json!({ BLOCK_MOVE_ANNOTATION: null })).await?;
-                    info!(cluster = %format!("{}/{}", c.namespace, c.name), snapshot = ?phase.final_snapshot, "block-move removed: the move may proceed");
-                }
-            }
+            Step::Unblock(clusters) => self.unblock(&clusters, phase).await?,
             Step::Release => {
                 let released = self.release().await?;
                 info!(released, "Clusters unpaused: the move was aborted; restatus's ignore removed");
                 *phase = Phase::default();
             }
+        }
+        Ok(())
+    }
+
+    async fn unblock(&self, clusters: &[ClusterState], phase: &Phase) -> Result<()> {
+        for c in clusters {
+            self.annotate_cluster(c, json!({ BLOCK_MOVE_ANNOTATION: null })).await?;
+            info!(cluster = %format!("{}/{}", c.namespace, c.name), snapshot = ?phase.final_snapshot, "block-move removed: the move may proceed");
         }
         Ok(())
     }

@@ -66,25 +66,25 @@ pub struct KindProfile {
     /// When a live status still counts as initial (a controller just started on it), so a
     /// restore may overwrite it. An empty status always counts as initial.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initial_states: Option<InitialStates>,
+    pub initial_states: Option<StateSet>,
     /// States in which an object is still settling: a capture that sees one is inconsistent
     /// and a move is not safe yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transitional_states: Option<InitialStates>,
+    pub transitional_states: Option<StateSet>,
 }
 
 /// A status is in one of these states when the string at `path` (inside the status) is one of
 /// `values`; an absent field reads as "".
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct InitialStates {
+pub struct StateSet {
     pub path: String,
     pub values: Vec<String>,
 }
 
-impl InitialStates {
+impl StateSet {
     fn new(path: &str, values: &[&str]) -> Self {
-        InitialStates { path: path.into(), values: values.iter().map(|v| v.to_string()).collect() }
+        StateSet { path: path.into(), values: values.iter().map(|v| v.to_string()).collect() }
     }
 }
 
@@ -103,12 +103,12 @@ impl KindProfile {
     }
 
     fn with_transitional(mut self, path: &str, values: &[&str]) -> Self {
-        self.transitional_states = Some(InitialStates::new(path, values));
+        self.transitional_states = Some(StateSet::new(path, values));
         self
     }
 
     fn with_initial(mut self, path: &str, values: &[&str]) -> Self {
-        self.initial_states = Some(InitialStates::new(path, values));
+        self.initial_states = Some(StateSet::new(path, values));
         self
     }
 

@@ -226,18 +226,8 @@ async fn main() -> std::process::ExitCode {
     telemetry::init(cli.global.log_format);
     // preflight: 0 ready, 1 not ready, 2 could not check; everything else: 0 or 1.
     let failure = if matches!(cli.command, Command::Preflight(_)) { 2 } else { 1 };
-    if let Command::Preflight(args) = cli.command {
-        return match preflight(&cli.global, args).await {
-            Ok(code) => code,
-            Err(e) => {
-                tracing::error!("{e:#}");
-                eprintln!("error: {e:#}");
-                std::process::ExitCode::from(failure)
-            }
-        };
-    }
     match run(cli).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("error: {e:#}");
@@ -246,9 +236,8 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn preflight(g: &Global, args: PreflightArgs) -> Result<std::process::ExitCode> {
+async fn preflight(g: &Global, store: &SnapshotStore, args: PreflightArgs) -> Result<std::process::ExitCode> {
     use restatus::preflight::{self, PreflightOptions, PreflightReport};
-    let store = SnapshotStore::open(&g.storage, &g.cluster_id)?;
     let (client, backup_options) = backup_setup(g, &args.backup).await?;
     let options = PreflightOptions {
         profile: backup_options.profile.clone(),
@@ -263,7 +252,7 @@ async fn preflight(g: &Global, args: PreflightArgs) -> Result<std::process::Exit
     let mut report = if args.wait {
         // Each evaluation prints the count of blocking objects and what changed since the last.
         let mut last: Option<std::collections::BTreeSet<String>> = None;
-        preflight::wait(&client, &store, &options, args.timeout, Duration::from_millis(500), |r| {
+        preflight::wait(&client, store, &options, args.timeout, Duration::from_millis(500), |r| {
             let now: std::collections::BTreeSet<String> =
                 r.blockers.iter().map(|b| format!("{}: {}", b.object, b.reason)).collect();
             if last.as_ref() != Some(&now) {
@@ -282,10 +271,10 @@ async fn preflight(g: &Global, args: PreflightArgs) -> Result<std::process::Exit
         })
         .await?
     } else {
-        preflight::gather(&client, &store, &options).await?
+        preflight::gather(&client, store, &options).await?
     };
     if report.ready && args.snapshot_when_ready {
-        let manifest = backup::run(&client, &store, &backup_options).await.context("snapshot when ready failed")?;
+        let manifest = backup::run(&client, store, &backup_options).await.context("snapshot when ready failed")?;
         report.snapshot = Some(manifest.snapshot_id.to_string());
         if let Some(c) = manifest.consistency.as_ref().filter(|c| !c.consistent) {
             report.ready = false;
@@ -303,11 +292,11 @@ async fn preflight(g: &Global, args: PreflightArgs) -> Result<std::process::Exit
     Ok(if report.ready { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
 }
 
-async fn run(cli: Cli) -> Result<()> {
+async fn run(cli: Cli) -> Result<std::process::ExitCode> {
     let g = &cli.global;
     let store = SnapshotStore::open(&g.storage, &g.cluster_id)?;
-    match cli.command {
-        Command::Preflight(_) => unreachable!("handled in main"),
+    let done: Result<()> = match cli.command {
+        Command::Preflight(args) => return preflight(g, &store, args).await,
         Command::Backup(args) => {
             let (client, options) = backup_setup(g, &args).await?;
             let manifest =
@@ -331,7 +320,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Restore(args) => restore(g, &store, args).await,
         Command::Controller(args) => controller(g, store, args).await,
         Command::Snapshots(command) => snapshots(&store, command).await,
-    }
+    };
+    done.map(|()| std::process::ExitCode::SUCCESS)
 }
 
 async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> Result<()> {

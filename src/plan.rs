@@ -64,6 +64,12 @@ impl LiveObject {
         })
     }
 
+    /// The same view of an object that came through a typed API call or a watch.
+    pub fn from_dynamic(kind: &KindProfile, object: &kube::api::DynamicObject) -> Result<Self, serde_json::Error> {
+        let json = serde_json::to_string(object)?;
+        Self::from_raw(kind, &RawObject::parse(&json)?)
+    }
+
     pub fn object_ref(&self) -> ObjectRef {
         ObjectRef { kind: self.kind.clone(), namespace: self.namespace.clone(), name: self.name.clone() }
     }
@@ -334,6 +340,8 @@ fn plan_kind(input: &PlanInput<'_>, kind: &KindProfile, items: &mut Vec<PlanItem
 pub fn decide(input: &PlanInput<'_>, kind: &KindProfile, record: &Record, object: &LiveObject, item: &mut PlanItem) {
     let wanted: Value = serde_json::from_str(record.status.get()).unwrap_or(Value::Null);
     item.changes = diff(object.status.as_ref(), &wanted);
+    // An object ignored on restatus's behalf is released whatever the verdict: its status is
+    // settled (restored, equal, or moved on and its controller has state to work from).
     item.release = object.quiesced_by_restatus();
     let (verdict, reason, forced) = if object.status.as_ref() == Some(&wanted) {
         (Verdict::AlreadyEqual, "live status equals the snapshot".to_string(), false)
@@ -360,9 +368,6 @@ pub fn decide(input: &PlanInput<'_>, kind: &KindProfile, record: &Record, object
     if verdict != Verdict::Restore {
         item.changes.clear();
     }
-    // An object ignored on restatus's behalf is released once its status is settled; a
-    // skip-newer one is released too: its controller has state to work from.
-    item.release = item.release && verdict != Verdict::Ambiguous;
 }
 
 /// managedFields times have second precision: a write in the snapshot's own second may have

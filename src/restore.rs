@@ -22,8 +22,7 @@ use crate::capture::{PageRequest, list_objects};
 use crate::fleet::api_for;
 use crate::format::{Manifest, ObjectRef, Record, SnapshotId};
 use crate::identity::{KindProfile, Profile};
-use crate::object::RawObject;
-use crate::pairing::{self, ClaimView, ServerView, Violation};
+use crate::pairing::Violation;
 use crate::plan::{
     self, LiveObject, OPERATION_ANNOTATION, OPERATION_IGNORE, PlanInput, PlanItem, QUIESCED_BY_ANNOTATION,
     RESTORED_FROM_ANNOTATION, RestorePlan, Verdict,
@@ -138,49 +137,32 @@ pub async fn choose_snapshot(
     })
 }
 
-/// The live objects of the profile, the views the pairing check needs, and the consistency
-/// verdict a capture of them would get.
+/// The live objects of the profile, their claim/server pairing violations, and the
+/// consistency verdict a capture of them would get.
 pub struct LiveState {
     pub objects: Vec<LiveObject>,
-    pub servers: Vec<ServerView>,
-    pub claims: Vec<ClaimView>,
+    pub pairing: Vec<Violation>,
     pub consistency: crate::format::Consistency,
 }
 
 pub async fn read_live(client: &kube::Client, profile: &Profile, page: &PageRequest<'_>) -> Result<LiveState> {
-    let mut state = LiveState {
-        objects: vec![],
-        servers: vec![],
-        claims: vec![],
-        consistency: crate::capture::judge(&[], &[], vec![], &[], 1),
-    };
+    let mut objects = Vec::new();
     let mut collector = crate::capture::Collector::new();
     for kind in profile.kinds.iter().filter(|k| !k.is_denied()) {
         list_objects(client, kind, page, |object| {
-            collect_views(kind, object, &mut state);
             collector.add(kind, object);
             let live = LiveObject::from_raw(kind, object).map_err(|e| Error::InvalidObject {
                 kind: kind.qualified_kind(),
                 name: object.namespaced_name(),
                 reason: e.to_string(),
             })?;
-            state.objects.push(live);
+            objects.push(live);
             Ok(())
         })
         .await?;
     }
-    state.consistency = collector.finish(1).consistency;
-    Ok(state)
-}
-
-fn collect_views(kind: &KindProfile, object: &RawObject<'_>, state: &mut LiveState) {
-    if kind.group == "metal.ironcore.dev" {
-        match kind.kind.as_str() {
-            "Server" => state.servers.push(ServerView::from_raw(object)),
-            "ServerClaim" => state.claims.push(ClaimView::from_raw(object)),
-            _ => {}
-        }
-    }
+    let pairing = collector.pairing();
+    Ok(LiveState { objects, pairing, consistency: collector.finish(1).consistency })
 }
 
 /// What happened to one written item.
@@ -247,14 +229,13 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         plan,
     };
     if opts.dry_run {
-        report.pairing = pairing::check(&live.servers, &live.claims);
+        report.pairing = live.pairing;
         return Ok(report);
     }
     let applier = Applier::new(client, &opts.profile, manifest, &loaded.records, opts.force);
     report.outcomes = applier.apply(&report.plan, &live.objects, opts.concurrency).await;
     report.writes = report.outcomes.iter().map(|o| o.writes).sum();
-    let after = read_live(client, &opts.profile, &opts.page()).await?;
-    report.pairing = pairing::check(&after.servers, &after.claims);
+    report.pairing = read_live(client, &opts.profile, &opts.page()).await?.pairing;
     Ok(report)
 }
 
@@ -420,13 +401,7 @@ impl<'a> Applier<'a> {
 
     async fn reread(&self, kind: &KindProfile, api: &Api<DynamicObject>, name: &str) -> Result<LiveObject> {
         let object = api.get(name).await.map_err(|e| Error::kube(format!("re-read {} {name}", kind.kind), e))?;
-        let json = serde_json::to_string(&object).expect("a fetched object serialises");
-        let raw = RawObject::parse(&json).map_err(|e| Error::InvalidObject {
-            kind: kind.qualified_kind(),
-            name: name.into(),
-            reason: e.to_string(),
-        })?;
-        LiveObject::from_raw(kind, &raw).map_err(|e| Error::InvalidObject {
+        LiveObject::from_dynamic(kind, &object).map_err(|e| Error::InvalidObject {
             kind: kind.qualified_kind(),
             name: name.into(),
             reason: e.to_string(),

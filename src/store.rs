@@ -203,7 +203,7 @@ impl SnapshotStore {
         Ok(())
     }
 
-    /// Removes an object at an arbitrary path under this cluster (tests of damaged snapshots).
+    /// The underlying object store (tests reach past the layout to damage snapshots).
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
     }
