@@ -1,9 +1,10 @@
 //! Restore benchmark on the bench test bed (run by `scripts/bench`, which creates the fleets):
 //! after a simulated move of 10k Servers + 5k ServerClaims (objects on the target without
-//! status), `restatus restore` against a bare loop that issues the same API writes at the
-//! same concurrency on an identical set of objects, against a `kubectl patch
-//! --subresource=status` loop (today's manual way; timed on a sample and scaled), and the
-//! controller's delay from an object's creation to its restored status.
+//! status), `restatus restore` (the CLI, its own process) against a bare loop that issues the
+//! same API writes at the same concurrency on an identical set of objects, once for objects
+//! that arrive bare and once for objects that arrive quiesced by the source-role handshake;
+//! against a `kubectl patch --subresource=status` loop (today's manual way; timed on a sample
+//! and scaled); and the controller's delay from an object's creation to its restored status.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,7 +20,7 @@ use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use restatus::format::Record;
 use restatus::identity::Profile;
 use restatus::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
-use restatus::restore::{self, RestoreOptions};
+use restatus::restore;
 use restatus::store::SnapshotStore;
 use serde_json::json;
 
@@ -37,8 +38,9 @@ fn servers_and_claims() -> Profile {
     }
 }
 
-/// The same three writes restatus makes per object (quiesce, status, release), no planning.
-async fn bare_loop(client: &kube::Client, profile: &Profile, records: &[Record], rename: &str) -> (Duration, usize) {
+/// The writes restatus makes per object, with no planning: quiesce (unless the objects
+/// arrive quiesced), status, release. One pass over `records`, renamed onto a set of its own.
+async fn bare_loop(client: &kube::Client, profile: &Profile, records: &[Record], rename: &str, quiesce: bool) -> Run {
     let started = Instant::now();
     let mut writes = 0;
     for kind in &profile.kinds {
@@ -48,20 +50,57 @@ async fn bare_loop(client: &kube::Client, profile: &Profile, records: &[Record],
                 let name = record.name.replacen("bench-", rename, 1);
                 let api = fleet::api_for(client, kind, record.namespace.as_deref());
                 let params = PatchParams { field_manager: Some("bare".into()), ..Default::default() };
-                let quiesce = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: "bare"}}});
-                api.patch(&name, &params, &Patch::Merge(&quiesce)).await.unwrap();
+                if quiesce {
+                    let quiesce = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: "bare"}}});
+                    api.patch(&name, &params, &Patch::Merge(&quiesce)).await.unwrap();
+                }
                 let status: serde_json::Value = serde_json::from_str(record.status.get()).unwrap();
                 api.patch_status(&name, &params, &Patch::Merge(&json!({ "status": status }))).await.unwrap();
                 let release = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null}}});
                 api.patch(&name, &params, &Patch::Merge(&release)).await.unwrap();
-                3
+                if quiesce { 3 } else { 2 }
             })
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
         writes += done.iter().sum::<usize>();
     }
-    (started.elapsed(), writes)
+    Run { time: started.elapsed(), writes, events: 0, peak_rss_kib: 0 }
+}
+
+/// One timed pass: wall time, API writes (PATCHes), Events, peak RSS (restatus only).
+struct Run {
+    time: Duration,
+    writes: usize,
+    events: usize,
+    peak_rss_kib: u64,
+}
+
+/// `restatus restore` as users run it (its own process), on the fleet `fleet` of the target.
+fn restatus_restore(kubeconfig: &str, storage: &str, cluster: &str, snapshot: &str, fleet: &str) -> Run {
+    let started = Instant::now();
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "%M", env!("CARGO_BIN_EXE_restatus"), "restore", "--kubeconfig", kubeconfig])
+        .args(["--selector", &format!("{FLEET_LABEL}={fleet}"), "--snapshot", snapshot])
+        .args(["--concurrency", &CONCURRENCY.to_string(), "--profile", "metal-operator", "-o", "json"])
+        .env("RESTATUS_STORAGE", storage)
+        .env("RESTATUS_CLUSTER_ID", cluster)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run /usr/bin/time restatus restore");
+    let time = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "restatus restore failed: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("restore -o json");
+    assert_eq!(report["pairing"].as_array().map(Vec::len), Some(0), "pairing violations: {}", report["pairing"]);
+    assert!(report["outcomes"].as_array().unwrap().iter().all(|o| o["error"].is_null()), "restore errors");
+    let restored = report["counts"]["restore"].as_u64().unwrap() as usize;
+    Run {
+        time,
+        writes: report["writes"].as_u64().unwrap() as usize,
+        events: restored,
+        peak_rss_kib: stderr.lines().last().and_then(|l| l.trim().parse().ok()).expect("peak RSS"),
+    }
 }
 
 /// `kubectl patch --subresource=status` per object, one after the other, on `sample` objects.
@@ -165,12 +204,14 @@ async fn main() {
     let cluster = format!("bench-src-{}", Timestamp::now().as_second());
     let store = SnapshotStore::open(&storage, &cluster).unwrap();
 
-    // The snapshot: the bench fleet and the controller's fleet, Servers and ServerClaims.
+    // The snapshot: Servers and ServerClaims of the bench fleet, of the fleet that arrives
+    // quiesced ("hand") and of the controller's fleet.
     let options = BackupOptions {
-        selector: Some(format!("{FLEET_LABEL} in (bench,ctl)")),
+        selector: Some(format!("{FLEET_LABEL} in (bench,hand,ctl)")),
         ..BackupOptions::new(profile.clone())
     };
     let manifest = backup::run(&source, &store, &options).await.unwrap();
+    let snapshot = manifest.snapshot_id.to_string();
     let loaded = restore::choose_snapshot(&store, Some(&manifest.snapshot_id), false).await.unwrap();
     let bench_records: Vec<Record> = loaded.records.iter().filter(|r| r.name.starts_with("bench-")).cloned().collect();
     let objects = bench_records.len();
@@ -183,19 +224,14 @@ async fn main() {
         "target fleet already restored: run scripts/bench without BENCH_KEEP"
     );
 
-    let restore_options = RestoreOptions {
-        selector: Some(format!("{FLEET_LABEL}=bench")),
-        concurrency: CONCURRENCY,
-        snapshot: Some(manifest.snapshot_id.clone()),
-        ..RestoreOptions::new(profile.clone())
-    };
-    let started = Instant::now();
-    let report = restore::run(&target, &store, &restore_options).await.unwrap();
-    let restore_time = started.elapsed();
-    assert!(report.ok(), "restore failed: {:?}", report.failures().next());
-    let restored = report.counts[&restatus::plan::Verdict::Restore];
-
-    let (bare_time, bare_writes) = bare_loop(&target, &profile, &bench_records, "bare-").await;
+    // Each restore between two bare loops of the same writes (B A B), so that the API
+    // server's drift during the run (it slows as the cluster fills) weighs on both sides.
+    let bare_before = bare_loop(&target, &profile, &bench_records, "bare-", true).await;
+    let plain = restatus_restore(&target_kc, &storage, &cluster, &snapshot, "bench");
+    let bare_after = bare_loop(&target, &profile, &bench_records, "bare2-", true).await;
+    let hand_bare_before = bare_loop(&target, &profile, &bench_records, "bareh-", false).await;
+    let hand = restatus_restore(&target_kc, &storage, &cluster, &snapshot, "hand");
+    let hand_bare_after = bare_loop(&target, &profile, &bench_records, "bareh2-", false).await;
 
     let sample = 200;
     let kubectl_sample = kubectl_loop(&target_kc, &bench_records, sample);
@@ -203,23 +239,35 @@ async fn main() {
 
     let (median, p90) = controller_latency(&target, &target_kc, &storage, &cluster, 200).await;
 
-    println!("restatus restore benchmark (concurrency {CONCURRENCY})");
-    println!("objects (Servers + ServerClaims)             {objects}");
-    println!("restored                                     {restored}");
-    println!("restatus restore wall time                   {:.3} s", restore_time.as_secs_f64());
-    println!(
-        "  API writes                                 {} ({:.2} per object)",
-        report.writes,
-        report.writes as f64 / objects as f64
-    );
-    println!("bare write loop, same writes                 {:.3} s ({bare_writes} writes)", bare_time.as_secs_f64());
-    println!(
-        "restore / bare loop                          {:.3}",
-        restore_time.as_secs_f64() / bare_time.as_secs_f64()
-    );
+    let secs = |d: Duration| d.as_secs_f64();
+    let mean = |a: &Run, b: &Run| (secs(a.time) + secs(b.time)) / 2.0;
+    println!("restatus restore benchmark (concurrency {CONCURRENCY}, {objects} objects: Servers + ServerClaims)");
+    for (what, run, before, after) in [
+        ("objects arrive bare (quiesce, status, release)", &plain, &bare_before, &bare_after),
+        ("objects arrive quiesced by the handshake (status, release)", &hand, &hand_bare_before, &hand_bare_after),
+    ] {
+        let bare = mean(before, after);
+        println!("-- {what}");
+        println!("restatus restore wall time                   {:.1} s", secs(run.time));
+        println!(
+            "  writes per object                          {:.2} PATCH + {:.2} Event ({} + {})",
+            run.writes as f64 / objects as f64,
+            run.events as f64 / objects as f64,
+            run.writes,
+            run.events
+        );
+        println!("  peak RSS                                   {} KiB", run.peak_rss_kib);
+        println!(
+            "bare loop before / after                     {:.1} s / {:.1} s ({:.2} PATCH per object)",
+            secs(before.time),
+            secs(after.time),
+            before.writes as f64 / objects as f64
+        );
+        println!("restore / bare loop (mean)                   {:.3}", secs(run.time) / bare);
+        println!("kubectl loop (scaled) / restore              {:.1}x", kubectl_scaled / secs(run.time));
+    }
     println!("kubectl patch loop, {sample} objects           {:.3} s", kubectl_sample.as_secs_f64());
     println!("kubectl loop scaled to {objects} objects     {kubectl_scaled:.1} s");
-    println!("kubectl loop / restore                       {:.1}x", kubectl_scaled / restore_time.as_secs_f64());
     println!("controller: creation -> restored, median     {:.3} s", median.as_secs_f64());
     println!("controller: creation -> restored, p90        {:.3} s", p90.as_secs_f64());
 }

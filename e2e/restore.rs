@@ -10,7 +10,7 @@ use restatus::identity::Profile;
 use restatus::plan::{
     self, OPERATION_ANNOTATION, PlanInput, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION, Verdict,
 };
-use restatus::restore::{self, Applier, RestoreOptions};
+use restatus::restore::{self, Applier, RestoreOptions, Writer};
 use serde_json::{Value, json};
 
 use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, stdout, unique};
@@ -333,7 +333,8 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
     let moved_on = json!({"status": {"state": "Available", "powerState": "On"}});
     servers.patch_status(&s.spec.server_name(2), &PatchParams::default(), &Patch::Merge(&moved_on)).await.unwrap();
 
-    let applier = Applier::new(&target, &options.profile, &loaded.manifest, &loaded.records, false);
+    let writer = Writer::new(&target, &options.profile).await.unwrap();
+    let applier = Applier::new(&writer, &options.profile, &loaded.manifest, &loaded.records, false);
     let outcomes = applier.apply(&plan, &live.objects, 4).await;
     let by_name: BTreeMap<String, (Verdict, Option<String>)> =
         outcomes.into_iter().map(|o| (o.object.name.clone(), (o.verdict, o.error))).collect();
@@ -435,4 +436,78 @@ async fn damaged_and_foreign_snapshots_are_skipped_for_the_previous_good_one() {
     let out = s.restore(&["--snapshot", damaged.as_str()]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains(damaged.as_str()) && stderr(&out).contains("truncated"), "{}", stderr(&out));
+}
+
+/// A kind whose CRD has no status subresource: its status is part of the object, so restatus
+/// writes it through the object itself (found by discovery), with the same quiesce, verdicts
+/// and idempotence.
+#[tokio::test]
+async fn a_kind_without_status_subresource_is_restored_through_the_object() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let crd = r#"{"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+      "metadata": {"name": "gadgets.e2e.restatus.dev"},
+      "spec": {"group": "e2e.restatus.dev", "scope": "Cluster",
+        "names": {"kind": "Gadget", "plural": "gadgets", "singular": "gadget", "listKind": "GadgetList"},
+        "versions": [{"name": "v1", "served": true, "storage": true,
+          "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}}]}}"#;
+    let crd_file = bed.scratch.path().join("gadget-crd.json");
+    std::fs::write(&crd_file, crd).unwrap();
+    for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig] {
+        assert_success(&bed.kubectl(kubeconfig, &["apply", "-f", crd_file.to_str().unwrap()]), "apply CRD");
+        let established = ["wait", "--for=condition=Established", "crd/gadgets.e2e.restatus.dev", "--timeout=60s"];
+        assert_success(&bed.kubectl(kubeconfig, &established), "CRD established");
+    }
+    let profile_file = bed.scratch.path().join("gadgets.yaml");
+    std::fs::write(
+        &profile_file,
+        "name: gadgets\nkinds:\n- {group: e2e.restatus.dev, version: v1, kind: Gadget, plural: gadgets, keys: [{path: spec.serial}]}\n",
+    )
+    .unwrap();
+    let profile = Profile::load(profile_file.to_str().unwrap()).unwrap();
+    let kind = &profile.kinds[0];
+    let fleet = unique("gdg");
+    let gadget = |i: usize, status: bool| {
+        let mut object = json!({
+            "apiVersion": "e2e.restatus.dev/v1", "kind": "Gadget",
+            "metadata": {"name": format!("{fleet}-{i}"), "labels": {FLEET_LABEL: fleet}},
+            "spec": {"serial": format!("{fleet}-SN-{i}")},
+        });
+        if status {
+            object["status"] = json!({"state": "Ready", "ports": [{"name": "p0", "speed": 25}, {"name": "p1"}]});
+        }
+        serde_json::from_value::<kube::api::DynamicObject>(object).unwrap()
+    };
+    let (source, target) = (bed.source().await, bed.target().await);
+    for i in 0..3 {
+        let post = kube::api::PostParams::default();
+        fleet::api_for(&source, kind, None).create(&post, &gadget(i, true)).await.unwrap();
+        fleet::api_for(&target, kind, None).create(&post, &gadget(i, false)).await.unwrap();
+    }
+    let storage = bed.storage(&fleet);
+    let selector = format!("{FLEET_LABEL}={fleet}");
+    let profile_arg = profile_file.to_str().unwrap();
+    let backup = bed.restatus(&storage, &fleet, &["backup", "--profile", profile_arg, "--selector", &selector]);
+    assert_success(&backup, "backup");
+
+    let restore = || {
+        let args = ["restore", "--profile", profile_arg, "--selector", &selector, "-o", "json"];
+        let out = bed.restatus_with(&bed.target_kubeconfig, &storage, &fleet, &args, &[]);
+        assert_success(&out, "restore");
+        serde_json::from_str::<Value>(&stdout(&out)).unwrap()
+    };
+    let report = restore();
+    assert_eq!(report["counts"]["restore"], 3, "{report:#}");
+    assert_eq!(report["writes"], 9, "quiesce, status, release per object");
+    for i in 0..3 {
+        let live = fleet::api_for(&target, kind, None).get(&format!("{fleet}-{i}")).await.unwrap();
+        assert_eq!(live.data["status"], gadget(i, true).data["status"]);
+        let annotations = live.metadata.annotations.unwrap_or_default();
+        assert!(!annotations.contains_key(OPERATION_ANNOTATION) && !annotations.contains_key(QUIESCED_BY_ANNOTATION));
+        assert_eq!(annotations[RESTORED_FROM_ANNOTATION], stdout(&backup).trim());
+    }
+    let again = restore();
+    assert_eq!((again["writes"].as_u64(), &again["counts"]["already-equal"]), (Some(0), &json!(3)), "{again:#}");
 }

@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use crate::format::{Consistency, Inconsistency, KeyConflict, KindCount, ObjectRef, Record, Skipped, is_carried};
 use crate::identity::{IdentityKey, KindProfile};
 use crate::object::RawObject;
-use crate::pairing::{ClaimView, ServerView};
+use crate::pairing::{View, Views};
 use crate::{Error, Result};
 
 /// Why a kind or an object is not in the payload. Stable strings: they end up in manifests.
@@ -33,8 +33,7 @@ pub struct Collector {
     owners: HashMap<(String, IdentityKey), ObjectRef>,
     conflicts: BTreeMap<(String, IdentityKey), Vec<ObjectRef>>,
     /// What the consistency verdict looks at.
-    servers: Vec<ServerView>,
-    claims: Vec<ClaimView>,
+    views: Views,
     transitional: Vec<Inconsistency>,
 }
 
@@ -93,7 +92,12 @@ impl Collector {
 
     /// Claim/server pairing violations among the objects added so far.
     pub fn pairing(&self) -> Vec<crate::pairing::Violation> {
-        crate::pairing::check(&self.servers, &self.claims)
+        self.views.check()
+    }
+
+    /// The pairing views of the objects added so far.
+    pub fn views(&self) -> &Views {
+        &self.views
     }
 
     /// Ends the capture with its consistency verdict (see [`judge`]).
@@ -108,20 +112,15 @@ impl Collector {
             self.kinds.iter().any(|k| k.kind == kind)
                 && !self.skipped.iter().any(|s| s.kind == kind && s.name.is_none())
         };
-        let (servers, claims) =
-            if listed("Server") && listed("ServerClaim") { (self.servers, self.claims) } else { (vec![], vec![]) };
-        let consistency = judge(&servers, &claims, self.transitional, &conflicts, attempts);
+        let views = if listed("Server") && listed("ServerClaim") { self.views } else { Views::default() };
+        let consistency = judge(&views, self.transitional, &conflicts, attempts);
         CaptureSummary { kinds: self.kinds, skipped: self.skipped, conflicts, consistency }
     }
 
     /// Notes what consistency needs: pairing views, transitional states, deletions.
     fn observe(&mut self, kind: &KindProfile, object: &RawObject<'_>, reference: &ObjectRef) {
-        if kind.group == crate::pairing::METAL_GROUP {
-            match kind.kind.as_str() {
-                "Server" => self.servers.push(ServerView::from_raw(object)),
-                "ServerClaim" => self.claims.push(ClaimView::from_raw(object)),
-                _ => {}
-            }
+        if let Some(view) = View::of(kind, object) {
+            self.views.add(view);
         }
         let transitional = if object.meta.deletion_timestamp.is_some() {
             Some("being deleted".to_string())
@@ -158,19 +157,11 @@ impl Collector {
 /// is Reserved and points back, no Reserved Server points to a missing or unbound claim), no
 /// claim is binding (not Bound, yet with a serverRef), no object is transitional or being
 /// deleted, and identity keys are unique.
-pub fn judge(
-    servers: &[ServerView],
-    claims: &[ClaimView],
-    transitional: Vec<Inconsistency>,
-    conflicts: &[KeyConflict],
-    attempts: u32,
-) -> Consistency {
-    let mut reasons: Vec<Inconsistency> = crate::pairing::check(servers, claims)
-        .into_iter()
-        .map(|v| Inconsistency { object: v.object, reason: v.reason })
-        .collect();
+pub fn judge(views: &Views, transitional: Vec<Inconsistency>, conflicts: &[KeyConflict], attempts: u32) -> Consistency {
+    let mut reasons: Vec<Inconsistency> =
+        views.check().into_iter().map(|v| Inconsistency { object: v.object, reason: v.reason }).collect();
     reasons.extend(transitional);
-    for claim in claims.iter().filter(|c| c.phase != "Bound" && c.server.is_some()) {
+    for claim in views.claims().filter(|c| c.phase != "Bound" && c.server.is_some()) {
         let object = ObjectRef {
             kind: "ServerClaim".into(),
             namespace: Some(claim.namespace.clone()),

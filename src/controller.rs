@@ -18,11 +18,12 @@ use kube::runtime::watcher;
 use tokio::sync::{RwLock, mpsc};
 use tracing::{debug, info, warn};
 
+use crate::apply::{Applier, Writer};
 use crate::format::{Manifest, Record};
 use crate::identity::{IdentityKey, KindProfile, Profile};
 use crate::metrics::Metrics;
 use crate::plan::{self, LiveObject, PlanInput, Verdict};
-use crate::restore::{Applier, choose_snapshot};
+use crate::restore::choose_snapshot;
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
 
@@ -46,6 +47,9 @@ pub struct Context {
     pub options: ControllerOptions,
     pub metrics: Metrics,
     snapshot: RwLock<Option<Arc<SnapshotIndex>>>,
+    /// Made on the first write (by then the profile's kinds are served, so discovery finds
+    /// their status subresources), then kept: one event recorder for the controller's life.
+    writer: tokio::sync::OnceCell<Writer>,
     ready: AtomicBool,
 }
 
@@ -57,6 +61,7 @@ impl Context {
             options,
             metrics: Metrics::default(),
             snapshot: RwLock::new(None),
+            writer: tokio::sync::OnceCell::new(),
             ready: AtomicBool::new(false),
         })
     }
@@ -268,7 +273,15 @@ async fn reconcile(
     if !item.writes() {
         return;
     }
-    let applier = Applier::new(&ctx.client, &ctx.options.profile, manifest, records, ctx.options.force);
+    let writer = match ctx.writer.get_or_try_init(|| Writer::new(&ctx.client, &ctx.options.profile)).await {
+        Ok(writer) => writer,
+        Err(e) => {
+            ctx.metrics.errors.inc();
+            warn!(error = %e, "cannot write yet; retried on the next change or snapshot refresh");
+            return;
+        }
+    };
+    let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force);
     let outcome = applier.apply_item(kind, item, objects).await;
     if let Some(error) = &outcome.error {
         ctx.metrics.errors.inc();
@@ -386,7 +399,7 @@ mod tests {
             kinds: vec![],
             skipped: vec![],
             conflicts: vec![],
-            consistency: crate::capture::judge(&[], &[], vec![], &[], 1),
+            consistency: crate::capture::judge(&Default::default(), vec![], &[], 1),
         };
         let summary =
             crate::format::PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0 };

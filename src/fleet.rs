@@ -10,6 +10,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::identity::{KindProfile, Profile};
+use crate::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
 use crate::{Error, Result};
 
 /// Label on every sample object, naming its fleet.
@@ -26,6 +27,9 @@ pub struct FleetSpec {
     pub namespaces: Vec<String>,
     /// Set each object's status after creating it (false: objects as a move leaves them).
     pub with_status: bool,
+    /// Create the objects with restatus's `ignore`, as a move after the source-role
+    /// handshake leaves them.
+    pub quiesced: bool,
 }
 
 impl FleetSpec {
@@ -37,6 +41,7 @@ impl FleetSpec {
             claims: claims.min(servers),
             namespaces: vec!["team-a".into(), "team-b".into()],
             with_status: true,
+            quiesced: false,
         }
     }
 
@@ -263,6 +268,12 @@ pub async fn create(client: &kube::Client, spec: &FleetSpec, concurrency: usize)
     work.extend((0..spec.bmcs).map(|i| spec.bmc(i)).map(|(o, s)| (kind("BMC"), o, s)));
     work.extend((0..spec.servers).map(|i| spec.server(i)).map(|(o, s)| (kind("Server"), o, s)));
     work.extend((0..spec.claims).map(|i| spec.claim(i)).map(|(o, s)| (kind("ServerClaim"), o, s)));
+    if spec.quiesced {
+        for (_, object, _) in &mut work {
+            object["metadata"]["annotations"] =
+                json!({OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: crate::TOOL_NAME});
+        }
+    }
     stream::iter(work)
         .map(|(kind, object, status)| create_with_status(client, kind, object, spec.with_status.then_some(status)))
         .buffer_unordered(concurrency.max(1))

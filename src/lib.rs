@@ -11,9 +11,10 @@
 //! * [`retention`] and [`schedule`]: which snapshots to delete, and when to take the next one (pure).
 //!
 //! The restore pipeline: [`restore`] chooses and verifies a snapshot (load → verify), [`plan`]
-//! decides per object (pure), and [`restore::Applier`] writes; [`pairing`] checks the result.
+//! decides per object (pure), [`apply`] writes (Kubernetes edge); [`pairing`] checks the result.
 //! [`controller`] runs the same plan per watch event, with [`leader`] election and [`metrics`].
 
+pub mod apply;
 pub mod backup;
 pub mod capture;
 pub mod controller;

@@ -2,11 +2,12 @@
 //! Reserved and points back to the claim, and every Reserved Server's claim is Bound to it.
 //! Pure; checked after a restore and (for consistency) on every capture.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
 use crate::format::ObjectRef;
+use crate::identity::KindProfile;
 use crate::object::RawObject;
 
 /// The API group whose Servers and ServerClaims pair up.
@@ -55,18 +56,76 @@ impl ClaimView {
     }
 }
 
+/// One object's side of the pairing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum View {
+    Server(ServerView),
+    Claim(ClaimView),
+}
+
+impl View {
+    /// The view of an object whose kind takes part in the pairing: metal-operator's Servers
+    /// and ServerClaims.
+    pub fn of(kind: &KindProfile, object: &RawObject<'_>) -> Option<View> {
+        if kind.group != METAL_GROUP {
+            return None;
+        }
+        match kind.kind.as_str() {
+            "Server" => Some(View::Server(ServerView::from_raw(object))),
+            "ServerClaim" => Some(View::Claim(ClaimView::from_raw(object))),
+            _ => None,
+        }
+    }
+}
+
+/// The pairing views of a cluster's Servers and ServerClaims, by name: a later view of an
+/// object (say, the answer to a write) replaces the earlier one.
+#[derive(Debug, Clone, Default)]
+pub struct Views {
+    servers: BTreeMap<String, ServerView>,
+    claims: BTreeMap<(String, String), ClaimView>,
+}
+
+impl Views {
+    pub fn add(&mut self, view: View) {
+        match view {
+            View::Server(s) => {
+                self.servers.insert(s.name.clone(), s);
+            }
+            View::Claim(c) => {
+                self.claims.insert((c.namespace.clone(), c.name.clone()), c);
+            }
+        }
+    }
+
+    pub fn servers(&self) -> impl Iterator<Item = &ServerView> + Clone {
+        self.servers.values()
+    }
+
+    pub fn claims(&self) -> impl Iterator<Item = &ClaimView> + Clone {
+        self.claims.values()
+    }
+
+    pub fn check(&self) -> Vec<Violation> {
+        check(self.servers(), self.claims())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
     pub object: ObjectRef,
     pub reason: String,
 }
 
-pub fn check(servers: &[ServerView], claims: &[ClaimView]) -> Vec<Violation> {
-    let by_server: HashMap<&str, &ServerView> = servers.iter().map(|s| (s.name.as_str(), s)).collect();
+pub fn check<'a>(
+    servers: impl IntoIterator<Item = &'a ServerView> + Clone,
+    claims: impl IntoIterator<Item = &'a ClaimView> + Clone,
+) -> Vec<Violation> {
+    let by_server: HashMap<&str, &ServerView> = servers.clone().into_iter().map(|s| (s.name.as_str(), s)).collect();
     let by_claim: HashMap<(&str, &str), &ClaimView> =
-        claims.iter().map(|c| ((c.namespace.as_str(), c.name.as_str()), c)).collect();
+        claims.clone().into_iter().map(|c| ((c.namespace.as_str(), c.name.as_str()), c)).collect();
     let mut out = Vec::new();
-    for claim in claims.iter().filter(|c| c.phase == "Bound") {
+    for claim in claims.into_iter().filter(|c| c.phase == "Bound") {
         let object = ObjectRef {
             kind: "ServerClaim".into(),
             namespace: Some(claim.namespace.clone()),
@@ -87,7 +146,7 @@ pub fn check(servers: &[ServerView], claims: &[ClaimView]) -> Vec<Violation> {
         };
         out.extend(reason.map(|reason| Violation { object, reason }));
     }
-    for server in servers.iter().filter(|s| s.state == "Reserved") {
+    for server in servers.into_iter().filter(|s| s.state == "Reserved") {
         let object = ObjectRef { kind: "Server".into(), namespace: None, name: server.name.clone() };
         let reason = match &server.claim {
             None => Some("Reserved without spec.serverClaimRef".to_string()),
@@ -120,7 +179,7 @@ mod tests {
     }
 
     fn reasons(servers: &[ServerView], claims: &[ClaimView]) -> Vec<String> {
-        check(servers, claims).into_iter().map(|v| format!("{}: {}", v.object, v.reason)).collect()
+        check(servers.iter(), claims.iter()).into_iter().map(|v| format!("{}: {}", v.object, v.reason)).collect()
     }
 
     #[test]
@@ -161,6 +220,17 @@ mod tests {
                 "Server s5: Reserved for ServerClaim a/c5, whose spec.serverRef names another server",
             ]
         );
+    }
+
+    #[test]
+    fn a_later_view_of_an_object_replaces_the_earlier_one() {
+        let mut views = Views::default();
+        views.add(View::Server(server("s1", "", Some(("a", "c1")))));
+        views.add(View::Claim(claim("a", "c1", "Bound", Some("s1"))));
+        assert_eq!(views.check().len(), 1, "the claim is Bound, its server not yet Reserved");
+        views.add(View::Server(server("s1", "Reserved", Some(("a", "c1")))));
+        assert!(views.check().is_empty());
+        assert_eq!(views.servers().count(), 1);
     }
 
     #[test]

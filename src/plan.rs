@@ -16,6 +16,7 @@ use std::fmt;
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::format::{ObjectRef, Record, SnapshotId};
 use crate::identity::{IdentityKey, KindProfile, Profile};
@@ -30,7 +31,7 @@ pub const QUIESCED_BY_ANNOTATION: &str = "restatus.ironcore.dev/quiesced-by";
 pub const RESTORED_FROM_ANNOTATION: &str = "restatus.ironcore.dev/restored-from";
 
 /// What restatus knows of a live object on the target.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct LiveObject {
     pub kind: String,
     pub namespace: Option<String>,
@@ -38,36 +39,38 @@ pub struct LiveObject {
     pub uid: String,
     pub resource_version: String,
     pub keys: Vec<IdentityKey>,
-    pub status: Option<Value>,
+    /// The status as the API server sent it (parsed only when a decision needs it).
+    pub status: Option<Box<RawValue>>,
     pub annotations: BTreeMap<String, String>,
     /// When the status subresource was last written (managedFields), if known.
     pub status_written_at: Option<Timestamp>,
 }
 
 impl LiveObject {
-    pub fn from_raw(kind: &KindProfile, object: &RawObject<'_>) -> Result<Self, serde_json::Error> {
-        let status = match object.status() {
-            Some(raw) => Some(serde_json::from_str(raw.get())?),
-            None => None,
-        };
+    pub fn from_raw(kind: &KindProfile, object: &RawObject<'_>) -> Self {
         let meta = &object.meta;
-        Ok(LiveObject {
+        LiveObject {
             kind: kind.kind.clone(),
             namespace: meta.namespace.as_ref().map(|n| n.to_string()).filter(|n| !n.is_empty()),
             name: meta.name.to_string(),
             uid: meta.uid.as_deref().unwrap_or_default().to_string(),
             resource_version: meta.resource_version.as_deref().unwrap_or_default().to_string(),
             keys: kind.keys_of(object),
-            status,
+            status: object.status().map(RawValue::to_owned),
             annotations: meta.annotations.clone().unwrap_or_default(),
             status_written_at: meta.status_written_at(),
-        })
+        }
     }
 
     /// The same view of an object that came through a typed API call or a watch.
     pub fn from_dynamic(kind: &KindProfile, object: &kube::api::DynamicObject) -> Result<Self, serde_json::Error> {
         let json = serde_json::to_string(object)?;
-        Self::from_raw(kind, &RawObject::parse(&json)?)
+        Ok(Self::from_raw(kind, &RawObject::parse(&json)?))
+    }
+
+    /// The status, parsed.
+    pub fn status_value(&self) -> Option<Value> {
+        self.status.as_deref().and_then(|s| serde_json::from_str(s.get()).ok())
     }
 
     pub fn object_ref(&self) -> ObjectRef {
@@ -338,16 +341,22 @@ fn plan_kind(input: &PlanInput<'_>, kind: &KindProfile, items: &mut Vec<PlanItem
 
 /// The verdict for one record and its one live object.
 pub fn decide(input: &PlanInput<'_>, kind: &KindProfile, record: &Record, object: &LiveObject, item: &mut PlanItem) {
-    let wanted: Value = serde_json::from_str(record.status.get()).unwrap_or(Value::Null);
-    item.changes = diff(object.status.as_ref(), &wanted);
     // An object ignored on restatus's behalf is released whatever the verdict: its status is
     // settled (restored, equal, or moved on and its controller has state to work from).
     item.release = object.quiesced_by_restatus();
-    let (verdict, reason, forced) = if object.status.as_ref() == Some(&wanted) {
+    if object.status.as_deref().is_some_and(|s| s.get() == record.status.get()) {
+        (item.verdict, item.forced, item.changes) = (Verdict::AlreadyEqual, false, vec![]);
+        item.reason = "live status equals the snapshot".into();
+        return;
+    }
+    let wanted: Value = serde_json::from_str(record.status.get()).unwrap_or(Value::Null);
+    let live = object.status_value();
+    item.changes = diff(live.as_ref(), &wanted);
+    let (verdict, reason, forced) = if live.as_ref() == Some(&wanted) {
         (Verdict::AlreadyEqual, "live status equals the snapshot".to_string(), false)
-    } else if object.status.is_none() {
+    } else if live.is_none() {
         (Verdict::Restore, "live status is empty".into(), false)
-    } else if kind.is_initial_status(object.status.as_ref()) {
+    } else if kind.is_initial_status(live.as_ref()) {
         (Verdict::Restore, "live status is still initial".into(), false)
     } else if object.status_written_at.is_some_and(|t| written_before(t, input.snapshot_time)) {
         (Verdict::Restore, "live status was last written before the snapshot".into(), false)
@@ -452,7 +461,7 @@ mod tests {
             uid: format!("dst-{name}"),
             resource_version: "1".into(),
             keys: keys.to_vec(),
-            status,
+            status: status.map(|s| RawValue::from_string(s.to_string()).unwrap()),
             annotations: Default::default(),
             status_written_at: None,
         }
@@ -690,9 +699,9 @@ mod tests {
                              {"manager":"m","operation":"Update","subresource":"status","time":"2026-11-30T08:30:00Z"},
                              {"manager":"n","operation":"Update","subresource":"status","time":"2026-11-30T08:10:00Z"}]},
             "spec":{"systemUUID":"ABC"},"status":{"state":"Available"}}"#;
-        let object = LiveObject::from_raw(profile.kind("Server").unwrap(), &RawObject::parse(json).unwrap()).unwrap();
+        let object = LiveObject::from_raw(profile.kind("Server").unwrap(), &RawObject::parse(json).unwrap());
         assert_eq!(object.keys, [key("spec.systemUUID", "abc")]);
-        assert_eq!(object.status, Some(json!({"state": "Available"})));
+        assert_eq!(object.status_value(), Some(json!({"state": "Available"})));
         assert_eq!(object.status_written_at, Some(ts("2026-11-30T08:30:00Z")));
         assert!(object.quiesced_by_restatus());
     }

@@ -1,39 +1,25 @@
-//! Restore: load → verify → plan → apply, against the target cluster.
+//! Restore: load → verify → plan → apply → check pairing, against the target cluster.
 //!
 //! The snapshot is the newest one that loads and verifies (or the pinned one); a damaged or
-//! foreign snapshot is reported and skipped for the previous one. Live objects are read,
-//! [`crate::plan`] decides per object, and the plan is applied kind by kind in profile order
-//! (BMCs, Servers, ServerClaims): quiesce metal-operator with its `ignore` annotation, write
-//! the status through the status subresource with a resourceVersion precondition (a conflict
-//! re-reads the object and decides again), then mark the object and remove restatus's
-//! `ignore`. Each step is idempotent, so a rerun finishes whatever a crash interrupted.
+//! foreign snapshot is reported and skipped for the previous one. Live objects are read once,
+//! [`crate::plan`] decides per object, [`crate::apply`] writes kind by kind in profile order
+//! (BMCs, Servers, ServerClaims), and the claim/server pairing is checked on the objects as
+//! the API server answered the last write of each (the others as they were listed).
 
 use std::collections::BTreeMap;
 
-use futures::{StreamExt, stream};
 use jiff::Timestamp;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde::Serialize;
-use serde_json::{Value, json};
 use tracing::{info, warn};
 
+pub use crate::apply::{Applier, FIELD_MANAGER, Outcome, Writer};
 use crate::capture::{PageRequest, list_objects};
-use crate::fleet::api_for;
-use crate::format::{Manifest, ObjectRef, Record, SnapshotId};
-use crate::identity::{KindProfile, Profile};
-use crate::pairing::Violation;
-use crate::plan::{
-    self, LiveObject, OPERATION_ANNOTATION, OPERATION_IGNORE, PlanInput, PlanItem, QUIESCED_BY_ANNOTATION,
-    RESTORED_FROM_ANNOTATION, RestorePlan, Verdict,
-};
+use crate::format::{Manifest, Record, SnapshotId};
+use crate::identity::Profile;
+use crate::pairing::{Views, Violation};
+use crate::plan::{self, LiveObject, PlanInput, RestorePlan, Verdict};
 use crate::store::SnapshotStore;
-use crate::{Error, Result, TOOL_NAME};
-
-/// Field manager of every write restatus makes.
-pub const FIELD_MANAGER: &str = TOOL_NAME;
-/// How often a conflicting status write is re-read, re-decided and retried.
-const CONFLICT_RETRIES: usize = 5;
+use crate::{Error, Result};
 
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {
@@ -137,12 +123,18 @@ pub async fn choose_snapshot(
     })
 }
 
-/// The live objects of the profile, their claim/server pairing violations, and the
-/// consistency verdict a capture of them would get.
+/// The live objects of the profile, their claim/server pairing views, and the consistency
+/// verdict a capture of them would get.
 pub struct LiveState {
     pub objects: Vec<LiveObject>,
-    pub pairing: Vec<Violation>,
+    pub views: Views,
     pub consistency: crate::format::Consistency,
+}
+
+impl LiveState {
+    pub fn pairing(&self) -> Vec<Violation> {
+        self.views.check()
+    }
 }
 
 pub async fn read_live(client: &kube::Client, profile: &Profile, page: &PageRequest<'_>) -> Result<LiveState> {
@@ -151,30 +143,13 @@ pub async fn read_live(client: &kube::Client, profile: &Profile, page: &PageRequ
     for kind in profile.kinds.iter().filter(|k| !k.is_denied()) {
         list_objects(client, kind, page, |object| {
             collector.add(kind, object);
-            let live = LiveObject::from_raw(kind, object).map_err(|e| Error::InvalidObject {
-                kind: kind.qualified_kind(),
-                name: object.namespaced_name(),
-                reason: e.to_string(),
-            })?;
-            objects.push(live);
+            objects.push(LiveObject::from_raw(kind, object));
             Ok(())
         })
         .await?;
     }
-    let pairing = collector.pairing();
-    Ok(LiveState { objects, pairing, consistency: collector.finish(1).consistency })
-}
-
-/// What happened to one written item.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Outcome {
-    pub object: ObjectRef,
-    /// The verdict finally applied (a conflict may turn `restore` into `skip-newer`).
-    pub verdict: Verdict,
-    pub writes: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    let views = collector.views().clone();
+    Ok(LiveState { objects, views, consistency: collector.finish(1).consistency })
 }
 
 #[derive(Debug, Serialize)]
@@ -207,7 +182,9 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), opts.allow_inconsistent).await?;
     let manifest = &loaded.manifest;
     info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), "snapshot loaded and verified");
+    let started = std::time::Instant::now();
     let live = read_live(client, &opts.profile, &opts.page()).await?;
+    info!(objects = live.objects.len(), elapsed = ?started.elapsed(), "target listed");
     let plan = plan::plan(&PlanInput {
         profile: &opts.profile,
         snapshot: &manifest.snapshot_id,
@@ -217,6 +194,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         force: opts.force,
     });
     let counts = plan.counts();
+    info!(writing = plan.writes(), elapsed = ?started.elapsed(), "plan built");
     let mut report = RestoreReport {
         snapshot: manifest.snapshot_id.to_string(),
         snapshot_created_at: manifest.created_at,
@@ -228,232 +206,17 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         pairing: vec![],
         plan,
     };
-    if opts.dry_run {
-        report.pairing = live.pairing;
-        return Ok(report);
+    let mut views = live.views;
+    if !opts.dry_run {
+        let writer = Writer::new(client, &opts.profile).await?;
+        let applier = Applier::new(&writer, &opts.profile, manifest, &loaded.records, opts.force);
+        report.outcomes = applier.apply(&report.plan, &live.objects, opts.concurrency).await;
+        report.writes = report.outcomes.iter().map(|o| o.writes).sum();
+        info!(writes = report.writes, elapsed = ?started.elapsed(), "plan applied");
+        for after in report.outcomes.iter_mut().filter_map(|o| o.after.take()) {
+            views.add(after);
+        }
     }
-    let applier = Applier::new(client, &opts.profile, manifest, &loaded.records, opts.force);
-    report.outcomes = applier.apply(&report.plan, &live.objects, opts.concurrency).await;
-    report.writes = report.outcomes.iter().map(|o| o.writes).sum();
-    report.pairing = read_live(client, &opts.profile, &opts.page()).await?.pairing;
+    report.pairing = views.check();
     Ok(report)
-}
-
-/// Applies plan items to the cluster. Shared by the one-shot restore and the controller.
-pub struct Applier<'a> {
-    client: &'a kube::Client,
-    profile: &'a Profile,
-    manifest: &'a Manifest,
-    records: &'a [Record],
-    force: bool,
-    recorder: Recorder,
-}
-
-impl<'a> Applier<'a> {
-    pub fn new(
-        client: &'a kube::Client,
-        profile: &'a Profile,
-        manifest: &'a Manifest,
-        records: &'a [Record],
-        force: bool,
-    ) -> Self {
-        let reporter = Reporter { controller: TOOL_NAME.into(), instance: std::env::var("POD_NAME").ok() };
-        Applier { client, profile, manifest, records, force, recorder: Recorder::new(client.clone(), reporter) }
-    }
-
-    /// Applies every writing item, kind by kind in plan order, `concurrency` objects at a time.
-    pub async fn apply(&self, plan: &RestorePlan, live: &[LiveObject], concurrency: usize) -> Vec<Outcome> {
-        let mut outcomes = Vec::new();
-        for kind in &self.profile.kinds {
-            let items = plan.items.iter().filter(|i| i.kind == kind.kind && i.writes());
-            let done: Vec<Outcome> = stream::iter(items)
-                .map(|item| self.apply_item(kind, item, live))
-                .buffer_unordered(concurrency.max(1))
-                .collect()
-                .await;
-            outcomes.extend(done);
-        }
-        outcomes
-    }
-
-    pub async fn apply_item(&self, kind: &KindProfile, item: &PlanItem, live: &[LiveObject]) -> Outcome {
-        let object = item.live.map(|l| &live[l]).expect("writing items have a live object");
-        let mut outcome = Outcome { object: object.object_ref(), verdict: item.verdict, writes: 0, error: None };
-        match self.apply_object(kind, item, object, &mut outcome).await {
-            Ok(()) => {}
-            Err(Error::Kube { source: kube::Error::Api(status), .. }) if status.is_not_found() => {
-                info!(object = %outcome.object, "object deleted during the restore; nothing to do");
-                outcome.verdict = Verdict::MissingOnTarget;
-            }
-            Err(e) => {
-                warn!(object = %outcome.object, error = %e, "restore of object failed");
-                outcome.error = Some(e.to_string());
-            }
-        }
-        outcome
-    }
-
-    async fn apply_object(
-        &self,
-        kind: &KindProfile,
-        item: &PlanItem,
-        object: &LiveObject,
-        outcome: &mut Outcome,
-    ) -> Result<()> {
-        let api = api_for(self.client, kind, object.namespace.as_deref());
-        let mut owns_ignore = object.quiesced_by_restatus();
-        if item.verdict == Verdict::Restore {
-            let record = &self.records[item.record.expect("restore items have a record")];
-            outcome.verdict =
-                self.quiesce_and_write(kind, &api, record, object.clone(), &mut owns_ignore, outcome).await?;
-        }
-        let restored = outcome.verdict == Verdict::Restore;
-        let mut annotations = serde_json::Map::new();
-        if restored {
-            annotations.insert(RESTORED_FROM_ANNOTATION.into(), self.manifest.snapshot_id.as_str().into());
-        }
-        // Whatever the outcome, an ignore that restatus set is removed: the object's status is
-        // settled (restored, equal, or moved on) and metal-operator may take over.
-        if owns_ignore {
-            annotations.insert(OPERATION_ANNOTATION.into(), Value::Null);
-            annotations.insert(QUIESCED_BY_ANNOTATION.into(), Value::Null);
-        }
-        if !annotations.is_empty() {
-            patch(&api, &object.name, &json!({"metadata": {"annotations": annotations}})).await?;
-            outcome.writes += 1;
-        }
-        if restored {
-            self.event(kind, object, item).await;
-        }
-        Ok(())
-    }
-
-    /// Sets restatus's `ignore` (unless the object is ignored already), then writes the
-    /// record's status. Both writes carry the resourceVersion the decision was made on: when
-    /// the object changed meanwhile, it is re-read and decided again, so a status that moved
-    /// on after the plan is never overwritten. Returns the verdict finally applied.
-    async fn quiesce_and_write(
-        &self,
-        kind: &KindProfile,
-        api: &Api<DynamicObject>,
-        record: &Record,
-        mut current: LiveObject,
-        owns_ignore: &mut bool,
-        outcome: &mut Outcome,
-    ) -> Result<Verdict> {
-        let wanted: Value = serde_json::from_str(record.status.get())
-            .map_err(|e| Error::corrupt(&self.manifest.snapshot_id, format!("record {}: {e}", record.object_name())))?;
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        for _ in 0..CONFLICT_RETRIES {
-            let result = if current.ignored() {
-                let body = json!({
-                    "metadata": {"resourceVersion": current.resource_version},
-                    "status": plan::status_patch(current.status.as_ref(), &wanted),
-                });
-                api.patch_status(&current.name, &params, &Patch::Merge(&body)).await.map(|_| true)
-            } else {
-                let body = json!({"metadata": {
-                    "resourceVersion": current.resource_version,
-                    "annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: TOOL_NAME},
-                }});
-                api.patch(&current.name, &params, &Patch::Merge(&body)).await.map(|patched| {
-                    current.resource_version = patched.metadata.resource_version.unwrap_or_default();
-                    current.annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
-                    *owns_ignore = true;
-                    false
-                })
-            };
-            outcome.writes += 1;
-            match result {
-                Ok(true) => return Ok(Verdict::Restore),
-                Ok(false) => continue,
-                Err(kube::Error::Api(s)) if s.is_conflict() => {
-                    current = self.reread(kind, api, &current.name).await?;
-                    let verdict = self.decide_again(kind, record, &current);
-                    info!(object = %current.object_ref(), %verdict, "object changed during the restore; decided again");
-                    if verdict != Verdict::Restore {
-                        return Ok(verdict);
-                    }
-                }
-                Err(e) => return Err(Error::kube(format!("restore {}", current.object_ref()), e)),
-            }
-        }
-        Err(Error::InvalidObject {
-            kind: kind.qualified_kind(),
-            name: current.name.clone(),
-            reason: format!("object kept changing: {CONFLICT_RETRIES} conflicting writes"),
-        })
-    }
-
-    fn decide_again(&self, kind: &KindProfile, record: &Record, fresh: &LiveObject) -> Verdict {
-        let input = PlanInput {
-            profile: self.profile,
-            snapshot: &self.manifest.snapshot_id,
-            snapshot_time: self.manifest.created_at,
-            records: self.records,
-            live: std::slice::from_ref(fresh),
-            force: self.force,
-        };
-        let mut item = blank_item(kind);
-        plan::decide(&input, kind, record, fresh, &mut item);
-        item.verdict
-    }
-
-    async fn reread(&self, kind: &KindProfile, api: &Api<DynamicObject>, name: &str) -> Result<LiveObject> {
-        let object = api.get(name).await.map_err(|e| Error::kube(format!("re-read {} {name}", kind.kind), e))?;
-        LiveObject::from_dynamic(kind, &object).map_err(|e| Error::InvalidObject {
-            kind: kind.qualified_kind(),
-            name: name.into(),
-            reason: e.to_string(),
-        })
-    }
-
-    async fn event(&self, kind: &KindProfile, object: &LiveObject, item: &PlanItem) {
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(kind.api_version()),
-            kind: Some(kind.kind.clone()),
-            name: Some(object.name.clone()),
-            namespace: object.namespace.clone(),
-            uid: Some(object.uid.clone()),
-            ..Default::default()
-        };
-        let note = format!(
-            "status restored from snapshot {} ({}){}",
-            self.manifest.snapshot_id,
-            item.reason,
-            item.source.as_ref().map(|s| format!("; captured from {s}")).unwrap_or_default()
-        );
-        let event = Event {
-            type_: EventType::Normal,
-            reason: "StatusRestored".into(),
-            note: Some(note),
-            action: "RestoreStatus".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            warn!(object = %object.object_ref(), error = %e, "could not record the restore event");
-        }
-    }
-}
-
-fn blank_item(kind: &KindProfile) -> PlanItem {
-    PlanItem {
-        kind: kind.kind.clone(),
-        verdict: Verdict::Restore,
-        key: None,
-        target: None,
-        source: None,
-        reason: String::new(),
-        forced: false,
-        changes: vec![],
-        release: false,
-        record: None,
-        live: None,
-    }
-}
-
-/// A JSON merge patch of the object's metadata, as restatus.
-async fn patch(api: &Api<DynamicObject>, name: &str, body: &Value) -> Result<DynamicObject> {
-    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-    api.patch(name, &params, &Patch::Merge(body)).await.map_err(|e| Error::kube(format!("patch {name}"), e))
 }

@@ -51,7 +51,7 @@ fn empty_capture() -> CaptureSummary {
         kinds: vec![],
         skipped: vec![],
         conflicts: vec![],
-        consistency: restatus::capture::judge(&[], &[], vec![], &[], 1),
+        consistency: restatus::capture::judge(&Default::default(), vec![], &[], 1),
     }
 }
 

@@ -24,6 +24,10 @@ struct Args {
     /// Create the objects without status, as `clusterctl move` leaves them.
     #[arg(long)]
     no_status: bool,
+    /// Create the objects with restatus's `ignore`, as a move after the source-role
+    /// handshake leaves them.
+    #[arg(long)]
+    quiesced: bool,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
@@ -34,8 +38,11 @@ async fn main() -> Result<()> {
     restatus::telemetry::init(restatus::telemetry::LogFormat::Plain);
     let args = Args::parse();
     let client = restatus::kubeconfig::client(args.kubeconfig.as_deref(), None).await?;
-    let spec =
-        FleetSpec { with_status: !args.no_status, ..FleetSpec::new(&args.name, args.servers, args.bmcs, args.claims) };
+    let spec = FleetSpec {
+        with_status: !args.no_status,
+        quiesced: args.quiesced,
+        ..FleetSpec::new(&args.name, args.servers, args.bmcs, args.claims)
+    };
     let started = std::time::Instant::now();
     fleet::create(&client, &spec, args.concurrency).await?;
     let what = if spec.with_status { "with status" } else { "without status" };
