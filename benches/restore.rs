@@ -103,12 +103,13 @@ fn restatus_restore(kubeconfig: &str, storage: &str, cluster: &str, snapshot: &s
     }
 }
 
-/// `kubectl patch --subresource=status` per object, one after the other, on `sample` objects.
-fn kubectl_loop(kubeconfig: &str, records: &[Record], sample: usize) -> Duration {
+/// `kubectl patch --subresource=status` per object, one after the other, on the fleet
+/// `fleet` (`sample` Servers without status).
+fn kubectl_loop(kubeconfig: &str, records: &[Record], fleet: &str, sample: usize) -> Duration {
     let kubectl = Path::new(&env("RESTATUS_BIN")).join("kubectl");
     let started = Instant::now();
     for (i, record) in records.iter().filter(|r| r.kind == "Server").take(sample).enumerate() {
-        let name = format!("manual-server-{i:05}");
+        let name = format!("{fleet}-server-{i:05}");
         let patch =
             json!({ "status": serde_json::from_str::<serde_json::Value>(record.status.get()).unwrap() }).to_string();
         let out = Command::new(&kubectl)
@@ -224,29 +225,47 @@ async fn main() {
         "target fleet already restored: run scripts/bench without BENCH_KEEP"
     );
 
-    // Each restore between two bare loops of the same writes (B A B), so that the API
-    // server's drift during the run (it slows as the cluster fills) weighs on both sides.
+    // The controller first, on a target that holds the moved fleets without status.
+    let (median, p90) = controller_latency(&target, &target_kc, &storage, &cluster, 200).await;
+
+    // Each restore between two bare loops of the same writes, and right between two kubectl
+    // samples (B K A K B): the API server slows as the cluster fills with statuses, and this
+    // way the drift weighs on both sides of each ratio.
+    let sample = 100;
+    let kubectl = |fleet: &str| kubectl_loop(&target_kc, &bench_records, fleet, sample);
     let bare_before = bare_loop(&target, &profile, &bench_records, "bare-", true).await;
+    let kubectl_before = kubectl("manual1");
     let plain = restatus_restore(&target_kc, &storage, &cluster, &snapshot, "bench");
+    let kubectl_after = kubectl("manual2");
     let bare_after = bare_loop(&target, &profile, &bench_records, "bare2-", true).await;
     let hand_bare_before = bare_loop(&target, &profile, &bench_records, "bareh-", false).await;
+    let hand_kubectl_before = kubectl("manual3");
     let hand = restatus_restore(&target_kc, &storage, &cluster, &snapshot, "hand");
+    let hand_kubectl_after = kubectl("manual4");
     let hand_bare_after = bare_loop(&target, &profile, &bench_records, "bareh2-", false).await;
-
-    let sample = 200;
-    let kubectl_sample = kubectl_loop(&target_kc, &bench_records, sample);
-    let kubectl_scaled = kubectl_sample.as_secs_f64() * objects as f64 / sample as f64;
-
-    let (median, p90) = controller_latency(&target, &target_kc, &storage, &cluster, 200).await;
 
     let secs = |d: Duration| d.as_secs_f64();
     let mean = |a: &Run, b: &Run| (secs(a.time) + secs(b.time)) / 2.0;
     println!("restatus restore benchmark (concurrency {CONCURRENCY}, {objects} objects: Servers + ServerClaims)");
-    for (what, run, before, after) in [
-        ("objects arrive bare (quiesce, status, release)", &plain, &bare_before, &bare_after),
-        ("objects arrive quiesced by the handshake (status, release)", &hand, &hand_bare_before, &hand_bare_after),
+    for (what, run, before, after, kubectl) in [
+        (
+            "objects arrive bare (quiesce, status, release)",
+            &plain,
+            &bare_before,
+            &bare_after,
+            [kubectl_before, kubectl_after],
+        ),
+        (
+            "objects arrive quiesced by the handshake (status, release)",
+            &hand,
+            &hand_bare_before,
+            &hand_bare_after,
+            [hand_kubectl_before, hand_kubectl_after],
+        ),
     ] {
         let bare = mean(before, after);
+        let per_object = |d: Duration| secs(d) / sample as f64;
+        let kubectl_scaled = (per_object(kubectl[0]) + per_object(kubectl[1])) / 2.0 * objects as f64;
         println!("-- {what}");
         println!("restatus restore wall time                   {:.1} s", secs(run.time));
         println!(
@@ -264,10 +283,14 @@ async fn main() {
             before.writes as f64 / objects as f64
         );
         println!("restore / bare loop (mean)                   {:.3}", secs(run.time) / bare);
+        println!(
+            "kubectl patch, per object, before / after    {:.0} ms / {:.0} ms ({sample} Servers each)",
+            per_object(kubectl[0]) * 1000.0,
+            per_object(kubectl[1]) * 1000.0
+        );
+        println!("kubectl loop scaled to {objects} objects     {kubectl_scaled:.1} s");
         println!("kubectl loop (scaled) / restore              {:.1}x", kubectl_scaled / secs(run.time));
     }
-    println!("kubectl patch loop, {sample} objects           {:.3} s", kubectl_sample.as_secs_f64());
-    println!("kubectl loop scaled to {objects} objects     {kubectl_scaled:.1} s");
     println!("controller: creation -> restored, median     {:.3} s", median.as_secs_f64());
     println!("controller: creation -> restored, p90        {:.3} s", p90.as_secs_f64());
 }

@@ -87,6 +87,28 @@ impl Bed {
         Command::new(&self.kubectl).arg("--kubeconfig").arg(kubeconfig).args(args).output().expect("run kubectl")
     }
 
+    /// Applies `manifests/<dir>` for each of `dirs` with the admin kubeconfig `base`, and
+    /// returns a kubeconfig that authenticates as the ServiceAccount `restatus/<account>`.
+    pub fn deploy(&self, base: &Path, dirs: &[&str], account: &str) -> PathBuf {
+        for dir in dirs {
+            let path = format!("{}/manifests/{dir}", env!("CARGO_MANIFEST_DIR"));
+            assert_success(&self.kubectl(base, &["apply", "-k", &path]), &format!("apply -k manifests/{dir}"));
+        }
+        let token = self.kubectl(base, &["-n", "restatus", "create", "token", account]);
+        assert_success(&token, "create token");
+        self.kubeconfig_with_token(base, account, stdout(&token).trim())
+    }
+
+    /// Each kubectl command fails, forbidden by RBAC or denied by an admission policy.
+    pub fn assert_denied(&self, kubeconfig: &Path, commands: &[Vec<&str>]) {
+        for args in commands {
+            let out = self.kubectl(kubeconfig, args);
+            assert!(!out.status.success(), "{args:?} was allowed: {}", stdout(&out));
+            let err = stderr(&out);
+            assert!(err.contains("forbidden") || err.contains("denied request"), "{args:?}: {err}");
+        }
+    }
+
     /// A copy of `base` (a cluster's admin kubeconfig) that authenticates with `token`.
     pub fn kubeconfig_with_token(&self, base: &Path, name: &str, token: &str) -> PathBuf {
         let mut config = Kubeconfig::read_from(base).expect("read kubeconfig");

@@ -11,7 +11,7 @@ use restatus::identity::Profile;
 use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use serde_json::json;
 
-use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, stdout, unique};
+use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, unique};
 
 struct Controller {
     child: Child,
@@ -162,16 +162,7 @@ async fn the_controller_restores_objects_as_they_appear() {
 async fn the_controller_rbac_is_sufficient_and_nothing_more() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
-    for dir in ["base", "controller"] {
-        let path = format!("{}/manifests/{dir}", env!("CARGO_MANIFEST_DIR"));
-        assert_success(
-            &bed.kubectl(&bed.target_kubeconfig, &["apply", "-k", &path]),
-            &format!("apply -k manifests/{dir}"),
-        );
-    }
-    let token = bed.kubectl(&bed.target_kubeconfig, &["-n", "restatus", "create", "token", "restatus-controller"]);
-    assert_success(&token, "create token");
-    let kubeconfig = bed.kubeconfig_with_token(&bed.target_kubeconfig, "restatus-controller", stdout(&token).trim());
+    let kubeconfig = bed.deploy(&bed.target_kubeconfig, &["base", "controller"], "restatus-controller");
 
     // Sufficient: the controller, as this ServiceAccount, restores a moved fleet.
     let spec = FleetSpec::new(&unique("rbac"), 4, 4, 2);
@@ -197,12 +188,7 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
         vec!["get", "bmcsecrets.metal.ironcore.dev"],
         vec!["create", "namespace", "nope"],
     ];
-    for args in denied {
-        let out = bed.kubectl(&kubeconfig, &args);
-        assert!(!out.status.success(), "{args:?} was allowed: {}", stdout(&out));
-        let err = stderr(&out);
-        assert!(err.contains("forbidden") || err.contains("denied request"), "{args:?}: {err}");
-    }
+    bed.assert_denied(&kubeconfig, &denied);
     let allowed = [
         vec![
             "patch",

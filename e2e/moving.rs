@@ -160,12 +160,17 @@ impl Fixture {
 
     /// The source-role controller guarding the fixture's namespace.
     fn handshake(&self) -> std::process::Child {
+        self.handshake_as(&self.bed.source_kubeconfig, "default")
+    }
+
+    /// The same, with the credentials of `kubeconfig` and its Lease in `lease_namespace`.
+    fn handshake_as(&self, kubeconfig: &std::path::Path, lease_namespace: &str) -> std::process::Child {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         Command::new(env!("CARGO_BIN_EXE_restatus"))
             .args(["controller", "--role", "source", "--selector", &self.selector(), "--cluster-namespace", &self.ns])
-            .args(["--interval", "1s", "--lease-namespace", "default", "--lease-name", &unique("src-lease")])
+            .args(["--interval", "1s", "--lease-namespace", lease_namespace, "--lease-name", &unique("src-lease")])
             .args(["--http-addr", &format!("127.0.0.1:{port}"), "--kubeconfig"])
-            .arg(&self.bed.source_kubeconfig)
+            .arg(kubeconfig)
             .env("RESTATUS_STORAGE", &self.storage)
             .env("RESTATUS_CLUSTER_ID", &self.fleet.name)
             .stderr(std::process::Stdio::null())
@@ -589,9 +594,16 @@ async fn preflight_names_what_blocks_a_move_and_waits_until_it_settles() {
 #[tokio::test]
 async fn an_aborted_move_releases_restatus_ignore_and_blocks_again() {
     let fx = Fixture::new(4, 2, 0).await;
+    block_pause_unpause(&fx, fx.handshake()).await;
+}
+
+/// The handshake through a move that is aborted: block-move on the Cluster; once clusterctl
+/// pauses it, the final snapshot, every object quiesced and block-move removed; once the
+/// Cluster is unpaused and still here, restatus's ignore released and block-move back.
+async fn block_pause_unpause(fx: &Fixture, handshake: std::process::Child) {
+    let mut handshake = Reaped(handshake);
     let source = fx.bed.source().await;
     let clusters = cluster_api(&source, &fx.ns);
-    let mut handshake = fx.handshake();
     let block = |c: &DynamicObject| c.metadata.annotations.clone().unwrap_or_default().get(BLOCK_MOVE).cloned();
     wait_for("block-move on the Cluster", Duration::from_secs(30), async || {
         block(&clusters.get("workload").await.unwrap()).as_deref() == Some("restatus")
@@ -621,6 +633,86 @@ async fn an_aborted_move_releases_restatus_ignore_and_blocks_again() {
         released && block(&clusters.get("workload").await.unwrap()).as_deref() == Some("restatus")
     })
     .await;
-    let _ = Command::new("kill").arg("-TERM").arg(handshake.id().to_string()).status();
-    assert!(handshake.wait().unwrap().success());
+    let _ = Command::new("kill").arg("-TERM").arg(handshake.0.id().to_string()).status();
+    assert!(handshake.0.wait().unwrap().success());
+}
+
+/// A child process killed when a failed assertion unwinds past it.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_source_role_rbac_is_sufficient_and_nothing_more() {
+    let fx = Fixture::new(4, 2, 0).await;
+    let bed = &fx.bed;
+    let kubeconfig = bed.deploy(&bed.source_kubeconfig, &["base", "source"], "restatus-source");
+
+    // Sufficient: as this ServiceAccount, the handshake blocks, snapshots, quiesces, lets go
+    // and, the move aborted, releases and blocks again.
+    block_pause_unpause(&fx, fx.handshake_as(&kubeconfig, "restatus")).await;
+    let snapshots = fx.bed.store(&fx.storage, &fx.fleet.name).list().await.unwrap();
+    assert!(snapshots.iter().any(|s| s.complete), "the final snapshot was written as the ServiceAccount");
+
+    // Nothing more: no spec, status, label or foreign annotation writes; no deletes, Secrets.
+    let server = format!("servers.metal.ironcore.dev/{}", fx.fleet.server_name(0));
+    let cluster = "clusters.cluster.x-k8s.io/workload";
+    let ns = fx.ns.as_str();
+    let denied = [
+        vec!["patch", &server, "--type=merge", "-p", r#"{"spec":{"power":"Off"}}"#],
+        vec!["patch", &server, "--type=merge", "-p", r#"{"metadata":{"labels":{"x":"y"}}}"#],
+        vec!["patch", &server, "--type=merge", "-p", r#"{"metadata":{"annotations":{"other":"x"}}}"#],
+        vec!["patch", &server, "--subresource=status", "--type=merge", "-p", r#"{"status":{"state":"Available"}}"#],
+        vec!["-n", ns, "patch", cluster, "--type=merge", "-p", r#"{"spec":{"paused":true}}"#],
+        vec![
+            "-n",
+            ns,
+            "patch",
+            cluster,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore"}}}"#,
+        ],
+        vec!["-n", ns, "delete", cluster],
+        vec!["delete", &server],
+        vec!["get", "secrets", "-A"],
+        vec!["get", "bmcsecrets.metal.ironcore.dev"],
+        vec!["-n", ns, "get", "machines.cluster.x-k8s.io"],
+    ];
+    bed.assert_denied(&kubeconfig, &denied);
+    let allowed = [
+        vec![
+            "-n",
+            ns,
+            "patch",
+            cluster,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"clusterctl.cluster.x-k8s.io/block-move":"restatus"}}}"#,
+        ],
+        vec![
+            "-n",
+            ns,
+            "patch",
+            cluster,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"clusterctl.cluster.x-k8s.io/block-move":null}}}"#,
+        ],
+        vec![
+            "patch",
+            &server,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus"}}}"#,
+        ],
+    ];
+    for args in allowed {
+        assert_success(&bed.kubectl(&kubeconfig, &args), &format!("{args:?}"));
+    }
 }
