@@ -194,6 +194,44 @@ async fn controller_latency(
     (delays[delays.len() / 2], delays[delays.len() * 9 / 10])
 }
 
+const KUBECTL_SAMPLE: usize = 100;
+
+/// The target, the snapshot, and what a comparison needs of them.
+struct Bench {
+    target: kube::Client,
+    target_kc: String,
+    profile: Profile,
+    records: Vec<Record>,
+    storage: String,
+    cluster: String,
+    snapshot: String,
+}
+
+/// One restore and what it is compared with.
+struct Comparison {
+    what: &'static str,
+    restore: Run,
+    bare: [Run; 2],
+    kubectl: [Duration; 2],
+}
+
+impl Bench {
+    /// `restatus restore` of the fleet `fleet`, between two bare loops of the same writes
+    /// (on `<bare>` and `<bare>2`) and right between two kubectl samples (`manual<n>`,
+    /// `manual<n+1>`): B K A K B. The API server slows as the cluster fills with statuses;
+    /// this way its drift weighs on both sides of each ratio.
+    async fn compare(&self, what: &'static str, fleet: &str, bare: &str, manual: usize, quiesce: bool) -> Comparison {
+        let kubectl = |n: usize| kubectl_loop(&self.target_kc, &self.records, &format!("manual{n}"), KUBECTL_SAMPLE);
+        let (first, second) = (format!("{bare}-"), format!("{bare}2-"));
+        let bare_before = bare_loop(&self.target, &self.profile, &self.records, &first, quiesce).await;
+        let kubectl_before = kubectl(manual);
+        let restore = restatus_restore(&self.target_kc, &self.storage, &self.cluster, &self.snapshot, fleet);
+        let kubectl_after = kubectl(manual + 1);
+        let bare_after = bare_loop(&self.target, &self.profile, &self.records, &second, quiesce).await;
+        Comparison { what, restore, bare: [bare_before, bare_after], kubectl: [kubectl_before, kubectl_after] }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let source_kc = env("KUBECONFIG_SOURCE");
@@ -228,45 +266,22 @@ async fn main() {
     // The controller first, on a target that holds the moved fleets without status.
     let (median, p90) = controller_latency(&target, &target_kc, &storage, &cluster, 200).await;
 
-    // Each restore between two bare loops of the same writes, and right between two kubectl
-    // samples (B K A K B): the API server slows as the cluster fills with statuses, and this
-    // way the drift weighs on both sides of each ratio.
-    let sample = 100;
-    let kubectl = |fleet: &str| kubectl_loop(&target_kc, &bench_records, fleet, sample);
-    let bare_before = bare_loop(&target, &profile, &bench_records, "bare-", true).await;
-    let kubectl_before = kubectl("manual1");
-    let plain = restatus_restore(&target_kc, &storage, &cluster, &snapshot, "bench");
-    let kubectl_after = kubectl("manual2");
-    let bare_after = bare_loop(&target, &profile, &bench_records, "bare2-", true).await;
-    let hand_bare_before = bare_loop(&target, &profile, &bench_records, "bareh-", false).await;
-    let hand_kubectl_before = kubectl("manual3");
-    let hand = restatus_restore(&target_kc, &storage, &cluster, &snapshot, "hand");
-    let hand_kubectl_after = kubectl("manual4");
-    let hand_bare_after = bare_loop(&target, &profile, &bench_records, "bareh2-", false).await;
+    let bench = Bench { target, target_kc, profile, records: bench_records, storage, cluster, snapshot };
+    let mut comparisons =
+        vec![bench.compare("objects arrive bare (quiesce, status, release)", "bench", "bare", 1, true).await];
+    if std::env::var("BENCH_QUIESCED").as_deref() != Ok("0") {
+        let what = "objects arrive quiesced by the handshake (status, release)";
+        comparisons.push(bench.compare(what, "hand", "bareh", 3, false).await);
+    }
 
     let secs = |d: Duration| d.as_secs_f64();
-    let mean = |a: &Run, b: &Run| (secs(a.time) + secs(b.time)) / 2.0;
     println!("restatus restore benchmark (concurrency {CONCURRENCY}, {objects} objects: Servers + ServerClaims)");
-    for (what, run, before, after, kubectl) in [
-        (
-            "objects arrive bare (quiesce, status, release)",
-            &plain,
-            &bare_before,
-            &bare_after,
-            [kubectl_before, kubectl_after],
-        ),
-        (
-            "objects arrive quiesced by the handshake (status, release)",
-            &hand,
-            &hand_bare_before,
-            &hand_bare_after,
-            [hand_kubectl_before, hand_kubectl_after],
-        ),
-    ] {
-        let bare = mean(before, after);
-        let per_object = |d: Duration| secs(d) / sample as f64;
-        let kubectl_scaled = (per_object(kubectl[0]) + per_object(kubectl[1])) / 2.0 * objects as f64;
-        println!("-- {what}");
+    for c in &comparisons {
+        let bare = (secs(c.bare[0].time) + secs(c.bare[1].time)) / 2.0;
+        let per_object = |d: Duration| secs(d) / KUBECTL_SAMPLE as f64;
+        let kubectl_scaled = (per_object(c.kubectl[0]) + per_object(c.kubectl[1])) / 2.0 * objects as f64;
+        let run = &c.restore;
+        println!("-- {}", c.what);
         println!("restatus restore wall time                   {:.1} s", secs(run.time));
         println!(
             "  writes per object                          {:.2} PATCH + {:.2} Event ({} + {})",
@@ -278,15 +293,15 @@ async fn main() {
         println!("  peak RSS                                   {} KiB", run.peak_rss_kib);
         println!(
             "bare loop before / after                     {:.1} s / {:.1} s ({:.2} PATCH per object)",
-            secs(before.time),
-            secs(after.time),
-            before.writes as f64 / objects as f64
+            secs(c.bare[0].time),
+            secs(c.bare[1].time),
+            c.bare[0].writes as f64 / objects as f64
         );
         println!("restore / bare loop (mean)                   {:.3}", secs(run.time) / bare);
         println!(
-            "kubectl patch, per object, before / after    {:.0} ms / {:.0} ms ({sample} Servers each)",
-            per_object(kubectl[0]) * 1000.0,
-            per_object(kubectl[1]) * 1000.0
+            "kubectl patch, per object, before / after    {:.0} ms / {:.0} ms ({KUBECTL_SAMPLE} Servers each)",
+            per_object(c.kubectl[0]) * 1000.0,
+            per_object(c.kubectl[1]) * 1000.0
         );
         println!("kubectl loop scaled to {objects} objects     {kubectl_scaled:.1} s");
         println!("kubectl loop (scaled) / restore              {:.1}x", kubectl_scaled / secs(run.time));
