@@ -109,6 +109,13 @@ impl Bed {
         }
     }
 
+    /// Each kubectl command succeeds.
+    pub fn assert_allowed(&self, kubeconfig: &Path, commands: &[Vec<&str>]) {
+        for args in commands {
+            assert_success(&self.kubectl(kubeconfig, args), &format!("{args:?}"));
+        }
+    }
+
     /// A copy of `base` (a cluster's admin kubeconfig) that authenticates with `token`.
     pub fn kubeconfig_with_token(&self, base: &Path, name: &str, token: &str) -> PathBuf {
         let mut config = Kubeconfig::read_from(base).expect("read kubeconfig");

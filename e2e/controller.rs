@@ -205,9 +205,7 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
             r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":null,"restatus.ironcore.dev/quiesced-by":null}}}"#,
         ],
     ];
-    for args in allowed {
-        assert_success(&bed.kubectl(&kubeconfig, &args), &format!("{args:?}"));
-    }
+    bed.assert_allowed(&kubeconfig, &allowed);
     // A status PATCH, as the controller makes it (kubectl would GET servers/status first,
     // which the controller never needs and is not granted).
     let as_controller = restatus::kubeconfig::client(Some(&kubeconfig), None).await.unwrap();

@@ -712,7 +712,5 @@ async fn the_source_role_rbac_is_sufficient_and_nothing_more() {
             r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus"}}}"#,
         ],
     ];
-    for args in allowed {
-        assert_success(&bed.kubectl(&kubeconfig, &args), &format!("{args:?}"));
-    }
+    bed.assert_allowed(&kubeconfig, &allowed);
 }

@@ -28,8 +28,8 @@ use crate::identity::{KindProfile, Profile};
 use crate::object::RawObject;
 use crate::pairing::View;
 use crate::plan::{
-    self, LiveObject, OPERATION_ANNOTATION, OPERATION_IGNORE, PlanInput, PlanItem, QUIESCED_BY_ANNOTATION,
-    RESTORED_FROM_ANNOTATION, RestorePlan, Verdict,
+    self, LiveObject, OPERATION_ANNOTATION, OPERATION_IGNORE, PlanInput, PlanItem, RESTORED_FROM_ANNOTATION,
+    RestorePlan, Verdict,
 };
 use crate::{Error, Result, TOOL_NAME};
 
@@ -197,8 +197,7 @@ impl<'a> Applier<'a> {
         // Whatever the outcome, an ignore that restatus set is removed: the object's status is
         // settled (restored, equal, or moved on) and metal-operator may take over.
         if owns_ignore {
-            annotations.insert(OPERATION_ANNOTATION.into(), Value::Null);
-            annotations.insert(QUIESCED_BY_ANNOTATION.into(), Value::Null);
+            annotations.extend(plan::release_annotations());
         }
         if !annotations.is_empty() {
             let body = json!({"metadata": {"annotations": annotations}});
@@ -237,7 +236,7 @@ impl<'a> Applier<'a> {
             } else {
                 let body = json!({"metadata": {
                     "resourceVersion": current.resource_version,
-                    "annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: TOOL_NAME},
+                    "annotations": plan::quiesce_annotations(),
                 }});
                 self.writer.merge_patch(kind, current, None, &body).await.map(|patched| {
                     let patched = RawObject::parse(&patched).ok();

@@ -29,7 +29,7 @@ use crate::capture::{PageRequest, list_objects};
 use crate::fleet::api_for;
 use crate::format::Manifest;
 use crate::identity::KindProfile;
-use crate::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+use crate::plan::{self, OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION};
 use crate::store::SnapshotStore;
 use crate::{Error, Result, TOOL_NAME};
 
@@ -83,16 +83,7 @@ pub fn next_step(clusters: &[ClusterState], phase: &Phase) -> Step {
 }
 
 fn cluster_kind() -> KindProfile {
-    KindProfile {
-        group: "cluster.x-k8s.io".into(),
-        version: "v1beta2".into(),
-        kind: "Cluster".into(),
-        plural: "clusters".into(),
-        namespaced: true,
-        keys: vec![],
-        initial_states: None,
-        transitional_states: None,
-    }
+    KindProfile::cluster_api("Cluster", "clusters")
 }
 
 pub struct Handshake {
@@ -214,13 +205,13 @@ impl Handshake {
 
     /// Sets restatus's `ignore` on every profile object not ignored already. Returns how many.
     async fn quiesce(&self) -> Result<usize> {
-        let body = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: TOOL_NAME}}});
+        let body = json!({"metadata": {"annotations": plan::quiesce_annotations()}});
         self.for_each_object(|annotations| !annotations.contains_key(OPERATION_ANNOTATION), body).await
     }
 
     /// Removes the `ignore` restatus set. Returns how many objects it touched.
     async fn release(&self) -> Result<usize> {
-        let body = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null}}});
+        let body = json!({"metadata": {"annotations": plan::release_annotations()}});
         self.for_each_object(|annotations| annotations.contains_key(QUIESCED_BY_ANNOTATION), body).await
     }
 
@@ -254,7 +245,7 @@ impl Handshake {
 
     async fn event(&self, c: &ClusterState, type_: EventType, reason: &str, note: String) {
         let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("cluster.x-k8s.io/v1beta2".into()),
+            api_version: Some(cluster_kind().api_version()),
             kind: Some("Cluster".into()),
             name: Some(c.name.clone()),
             namespace: Some(c.namespace.clone()),

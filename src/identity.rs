@@ -88,7 +88,26 @@ impl StateSet {
     }
 }
 
+/// Cluster API's group, and the version restatus reads it in.
+pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+const CAPI_VERSION: &str = "v1beta2";
+
 impl KindProfile {
+    /// A namespaced Cluster API kind (Cluster, Machine): read by preflight and the handshake,
+    /// never captured, so no keys and no states.
+    pub fn cluster_api(kind: &str, plural: &str) -> Self {
+        KindProfile {
+            group: CAPI_GROUP.into(),
+            version: CAPI_VERSION.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced: true,
+            keys: vec![],
+            initial_states: None,
+            transitional_states: None,
+        }
+    }
+
     fn new(kind: &str, plural: &str, namespaced: bool, keys: Vec<KeyField>) -> Self {
         KindProfile {
             group: METAL_GROUP.into(),

@@ -30,6 +30,20 @@ pub const QUIESCED_BY_ANNOTATION: &str = "restatus.ironcore.dev/quiesced-by";
 /// Names the snapshot an object's status was restored from.
 pub const RESTORED_FROM_ANNOTATION: &str = "restatus.ironcore.dev/restored-from";
 
+/// The annotations with which restatus quiesces an object: metal-operator's `ignore`, marked
+/// as restatus's so that it is never mistaken for a user's.
+pub fn quiesce_annotations() -> serde_json::Map<String, Value> {
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+    annotations.insert(QUIESCED_BY_ANNOTATION.into(), crate::TOOL_NAME.into());
+    annotations
+}
+
+/// The merge-patch annotations that remove restatus's `ignore` (null deletes a key).
+pub fn release_annotations() -> serde_json::Map<String, Value> {
+    [OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION].into_iter().map(|k| (k.to_string(), Value::Null)).collect()
+}
+
 /// What restatus knows of a live object on the target.
 #[derive(Debug, Clone)]
 pub struct LiveObject {

@@ -150,19 +150,6 @@ pub fn stale_objects(snapshot: &str, records: &[Record], live: &[LiveObject]) ->
 }
 
 /// The CAPI kinds clusterctl checks, at the version v1.13 serves.
-fn capi_kind(kind: &str, plural: &str) -> KindProfile {
-    KindProfile {
-        group: "cluster.x-k8s.io".into(),
-        version: "v1beta2".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-        namespaced: true,
-        keys: vec![],
-        initial_states: None,
-        transitional_states: None,
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct PreflightOptions {
     pub profile: Profile,
@@ -188,12 +175,12 @@ pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &Preflig
     let mut clusters = Vec::new();
     let mut machines = Vec::new();
     let capi = PageRequest { size: 500, selector: None, namespace: opts.cluster_namespace.as_deref() };
-    list_objects(client, &capi_kind("Cluster", "clusters"), &capi, |o| {
+    list_objects(client, &KindProfile::cluster_api("Cluster", "clusters"), &capi, |o| {
         clusters.push(ClusterView::from_raw(o));
         Ok(())
     })
     .await?;
-    list_objects(client, &capi_kind("Machine", "machines"), &capi, |o| {
+    list_objects(client, &KindProfile::cluster_api("Machine", "machines"), &capi, |o| {
         machines.push(MachineView::from_raw(o));
         Ok(())
     })
@@ -230,12 +217,12 @@ pub async fn wait(
 ) -> Result<PreflightReport> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut kinds: Vec<KindProfile> = opts.profile.kinds.iter().filter(|k| !k.is_denied()).cloned().collect();
-    kinds.extend([capi_kind("Cluster", "clusters"), capi_kind("Machine", "machines")]);
+    kinds.extend([KindProfile::cluster_api("Cluster", "clusters"), KindProfile::cluster_api("Machine", "machines")]);
     let streams = kinds.iter().map(|kind| {
         let api = crate::fleet::api_for(
             client,
             kind,
-            opts.cluster_namespace.as_deref().filter(|_| kind.group == "cluster.x-k8s.io"),
+            opts.cluster_namespace.as_deref().filter(|_| kind.group == crate::identity::CAPI_GROUP),
         );
         watcher(api, watcher::Config::default()).map(|_| ()).boxed()
     });
