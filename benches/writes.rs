@@ -1,13 +1,19 @@
 //! What one restore write costs the API server (run by `scripts/bench`): kube-apiserver and
-//! etcd CPU seconds (from /proc) and wall time per object for each kind of write restatus
-//! makes, on Servers with the fleet's full inventory, 16 writes in flight. This is the cost
-//! model behind the restore figures: the API server's CPU, not restatus, bounds a restore.
+//! etcd CPU (from /proc) and wall time per object for each kind of write restatus makes, on
+//! Servers with the fleet's full inventory, 16 writes in flight. This is the cost model
+//! behind the restore figures: the API server's CPU, not restatus, bounds a restore.
+//!
+//! Where two ways of making a write are compared (a merge patch, as restatus wrote until
+//! this bench showed the difference, and a replace, as it writes now), they run on sets of
+//! their own in alternating chunks of 100 objects, so that the API server's drift (it slows
+//! as it fills) and the shared machine's weigh on both alike.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use restatus::fleet::{self, FleetSpec};
 use restatus::identity::Profile;
 use restatus::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
@@ -15,6 +21,7 @@ use serde_json::{Value, json};
 
 const CONCURRENCY: usize = 16;
 const OBJECTS: usize = 2000;
+const CHUNK: usize = 100;
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} unset: run scripts/bench"))
@@ -31,46 +38,79 @@ fn cpu_seconds(process: &str) -> f64 {
 
 #[derive(Clone, Copy)]
 enum Write {
-    /// Set restatus's ignore (object without status).
+    /// Set restatus's ignore (object without status), merge patch.
     Quiesce,
-    /// The whole inventory through the status subresource.
-    Status,
-    /// Remove the ignore, set restored-from (object with status).
-    Release,
+    /// The whole inventory through the status subresource, merge patch.
+    StatusPatch,
+    /// The same as a replace of the status subresource, on the last answer's resourceVersion.
+    StatusReplace,
+    /// Remove the ignore, set restored-from (object with status), merge patch.
+    ReleasePatch,
+    /// The same as a replace of the object as the last write answered it.
+    ReleaseReplace,
     /// The StatusRestored Event.
     Event,
 }
 
+/// A set of Servers without status, and per object the API server's last answer.
 struct Set {
     spec: FleetSpec,
     statuses: Vec<Value>,
+    answers: Vec<Mutex<Option<DynamicObject>>>,
 }
 
 async fn set(client: &kube::Client, name: &str) -> Set {
     let spec = FleetSpec { with_status: false, ..FleetSpec::new(name, OBJECTS, 0, 0) };
     fleet::create(client, &spec, 48).await.unwrap();
     let statuses = (0..OBJECTS).map(|i| spec.server(i).1).collect();
-    Set { spec, statuses }
+    Set { spec, statuses, answers: (0..OBJECTS).map(|_| Mutex::new(None)).collect() }
 }
 
-async fn write(servers: &Api<DynamicObject>, events: &Api<Event>, set: &Set, writes: &[Write]) {
-    stream::iter(0..OBJECTS)
+async fn write(
+    servers: &Api<DynamicObject>,
+    events: &Api<Event>,
+    set: &Set,
+    objects: std::ops::Range<usize>,
+    writes: &[Write],
+) {
+    stream::iter(objects)
         .map(|i| async move {
             let name = set.spec.server_name(i);
             let params = PatchParams { field_manager: Some("bench".into()), ..Default::default() };
+            let post = PostParams { field_manager: Some("bench".into()), ..Default::default() };
+            let last = || set.answers[i].lock().unwrap().clone().expect("an earlier write's answer");
             for w in writes {
-                match w {
+                let answer = match w {
                     Write::Quiesce => {
                         let body = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: "bench"}}});
-                        servers.patch(&name, &params, &Patch::Merge(body)).await.map(drop)
+                        servers.patch(&name, &params, &Patch::Merge(body)).await.map(Some)
                     }
-                    Write::Status => {
+                    Write::StatusPatch => {
                         let body = json!({"status": set.statuses[i]});
-                        servers.patch_status(&name, &params, &Patch::Merge(body)).await.map(drop)
+                        servers.patch_status(&name, &params, &Patch::Merge(body)).await.map(Some)
                     }
-                    Write::Release => {
+                    Write::StatusReplace => {
+                        let gvk = GroupVersionKind::gvk("metal.ironcore.dev", "v1alpha1", "Server");
+                        let mut object = DynamicObject::new(&name, &ApiResource::from_gvk_with_plural(&gvk, "servers"));
+                        object.metadata.resource_version = last().metadata.resource_version;
+                        object.data = json!({"status": set.statuses[i]});
+                        servers.replace_status(&name, &post, &object).await.map(Some)
+                    }
+                    Write::ReleasePatch => {
                         let body = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, RESTORED_FROM_ANNOTATION: "bench"}}});
-                        servers.patch(&name, &params, &Patch::Merge(body)).await.map(drop)
+                        servers.patch(&name, &params, &Patch::Merge(body)).await.map(Some)
+                    }
+                    Write::ReleaseReplace => {
+                        let mut object = last();
+                        object.metadata.managed_fields = None;
+                        let annotations = object.metadata.annotations.get_or_insert_default();
+                        annotations.remove(OPERATION_ANNOTATION);
+                        annotations.remove(QUIESCED_BY_ANNOTATION);
+                        annotations.insert(RESTORED_FROM_ANNOTATION.into(), "bench".into());
+                        if let Some(data) = object.data.as_object_mut() {
+                            data.remove("status");
+                        }
+                        servers.replace(&name, &post, &object).await.map(Some)
                     }
                     Write::Event => {
                         let event: Event = serde_json::from_value(json!({
@@ -82,10 +122,13 @@ async fn write(servers: &Api<DynamicObject>, events: &Api<Event>, set: &Set, wri
                             "regarding": {"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server", "name": name},
                         }))
                         .unwrap();
-                        events.create(&PostParams::default(), &event).await.map(drop)
+                        events.create(&PostParams::default(), &event).await.map(|_| None)
                     }
                 }
                 .unwrap();
+                if let Some(answer) = answer {
+                    *set.answers[i].lock().unwrap() = Some(answer);
+                }
             }
         })
         .buffer_unordered(CONCURRENCY)
@@ -93,19 +136,37 @@ async fn write(servers: &Api<DynamicObject>, events: &Api<Event>, set: &Set, wri
         .await;
 }
 
-/// Runs `before` untimed, then `timed`; returns (wall, apiserver CPU, etcd CPU) per object.
-async fn measure(client: &kube::Client, name: &str, before: &[Write], timed: &[Write]) -> (f64, f64, f64) {
+/// One way of writing: the writes made untimed first, and the timed ones.
+struct Way {
+    label: &'static str,
+    before: &'static [Write],
+    timed: &'static [Write],
+}
+
+/// Per way: (wall, apiserver CPU, etcd CPU) in ms per object. Each way writes a set of its
+/// own; the ways take turns, one chunk of objects each.
+async fn measure(client: &kube::Client, name: &str, ways: &[Way]) -> Vec<(f64, f64, f64)> {
     let servers = fleet::api_for(client, Profile::metal_operator().kind("Server").unwrap(), None);
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let set = set(client, name).await;
-    write(&servers, &events, &set, before).await;
-    let (api0, etcd0) = (cpu_seconds("apiserver-target"), cpu_seconds("etcd-target"));
-    let started = Instant::now();
-    write(&servers, &events, &set, timed).await;
-    let wall: Duration = started.elapsed();
-    let (api1, etcd1) = (cpu_seconds("apiserver-target"), cpu_seconds("etcd-target"));
+    let mut sets = Vec::new();
+    for (i, way) in ways.iter().enumerate() {
+        let set = set(client, &format!("{name}-{i}")).await;
+        write(&servers, &events, &set, 0..OBJECTS, way.before).await;
+        sets.push(set);
+    }
+    let mut totals = vec![(Duration::ZERO, 0.0, 0.0); ways.len()];
+    for chunk in (0..OBJECTS).step_by(CHUNK) {
+        for ((way, set), total) in ways.iter().zip(&sets).zip(&mut totals) {
+            let (api0, etcd0) = (cpu_seconds("apiserver-target"), cpu_seconds("etcd-target"));
+            let started = Instant::now();
+            write(&servers, &events, set, chunk..chunk + CHUNK, way.timed).await;
+            total.0 += started.elapsed();
+            total.1 += cpu_seconds("apiserver-target") - api0;
+            total.2 += cpu_seconds("etcd-target") - etcd0;
+        }
+    }
     let per = |x: f64| x * 1000.0 / OBJECTS as f64;
-    (per(wall.as_secs_f64()), per(api1 - api0), per(etcd1 - etcd0))
+    totals.into_iter().map(|(wall, api, etcd)| (per(wall.as_secs_f64()), per(api), per(etcd))).collect()
 }
 
 #[tokio::main]
@@ -114,18 +175,43 @@ async fn main() {
     let client = restatus::kubeconfig::client(Some(std::path::Path::new(&kubeconfig)), None).await.unwrap();
     let suffix = jiff::Timestamp::now().as_second();
     use Write::*;
-    let cases: [(&str, &[Write], &[Write]); 6] = [
-        ("quiesce (object without status)", &[], &[Quiesce]),
-        ("status (object without status)", &[Quiesce], &[Status]),
-        ("release (object with status)", &[Quiesce, Status], &[Release]),
-        ("Event", &[], &[Event]),
-        ("quiesce + status + release", &[], &[Quiesce, Status, Release]),
-        ("status + release (arrived quiesced)", &[Quiesce], &[Status, Release]),
+    let way = |label, before, timed| Way { label, before, timed };
+    let cases: Vec<(&str, Vec<Way>)> = vec![
+        ("quiesce (object without status)", vec![way("patch", &[], &[Quiesce])]),
+        (
+            "status (object without status)",
+            vec![way("patch", &[Quiesce], &[StatusPatch]), way("replace", &[Quiesce], &[StatusReplace])],
+        ),
+        (
+            "release (object with status)",
+            vec![
+                way("patch", &[Quiesce, StatusPatch], &[ReleasePatch]),
+                way("replace", &[Quiesce, StatusReplace], &[ReleaseReplace]),
+            ],
+        ),
+        ("StatusRestored Event", vec![way("create", &[], &[Event])]),
+        (
+            "quiesce + status + release",
+            vec![
+                way("3 patches", &[], &[Quiesce, StatusPatch, ReleasePatch]),
+                way("patch + 2 replaces", &[], &[Quiesce, StatusReplace, ReleaseReplace]),
+            ],
+        ),
+        (
+            "status + release (arrived quiesced)",
+            vec![
+                way("2 patches", &[Quiesce], &[StatusPatch, ReleasePatch]),
+                way("2 replaces", &[Quiesce], &[StatusReplace, ReleaseReplace]),
+            ],
+        ),
     ];
-    println!("API server cost per object and write ({OBJECTS} Servers a case, {CONCURRENCY} in flight), ms");
-    println!("{:<40} {:>8} {:>14} {:>9}", "write", "wall", "apiserver CPU", "etcd CPU");
-    for (i, (what, before, timed)) in cases.into_iter().enumerate() {
-        let (wall, api, etcd) = measure(&client, &format!("w{suffix}-{i}"), before, timed).await;
-        println!("{what:<40} {wall:>8.2} {api:>14.2} {etcd:>9.2}");
+    println!("API server cost per object and write ({OBJECTS} Servers a way, {CONCURRENCY} in flight), ms");
+    println!("{:<58} {:>8} {:>14} {:>9}", "write", "wall", "apiserver CPU", "etcd CPU");
+    for (i, (what, ways)) in cases.iter().enumerate() {
+        let figures = measure(&client, &format!("w{suffix}-{i}"), ways).await;
+        for (way, (wall, api, etcd)) in ways.iter().zip(figures) {
+            let label = format!("{what}, {}", way.label);
+            println!("{label:<58} {wall:>8.2} {api:>14.2} {etcd:>9.2}");
+        }
     }
 }

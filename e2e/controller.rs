@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use restatus::identity::Profile;
 use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
@@ -206,13 +206,22 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
         ],
     ];
     bed.assert_allowed(&kubeconfig, &allowed);
-    // A status PATCH, as the controller makes it (kubectl would GET servers/status first,
-    // which the controller never needs and is not granted).
+    // Replaces, as the controller makes them: the status subresource, and the object with
+    // only restatus's annotations changed; a replace that changes the spec is denied, and
+    // the status may not be patched (nor read: kubectl's status patch would GET it first).
     let as_controller = restatus::kubeconfig::client(Some(&kubeconfig), None).await.unwrap();
     let servers = fleet::api_for(&as_controller, Profile::metal_operator().kind("Server").unwrap(), None);
-    let status = json!({"status": {"indicatorLED": "Off"}});
-    servers
-        .patch_status(&spec.server_name(0), &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("status patch allowed");
+    let name = spec.server_name(0);
+    let mut server = servers.get(&name).await.unwrap();
+    server.data["status"] = json!({"indicatorLED": "Off"});
+    let mut server =
+        servers.replace_status(&name, &PostParams::default(), &server).await.expect("status replace allowed");
+    server.metadata.annotations.get_or_insert_default().insert(RESTORED_FROM_ANNOTATION.into(), "by-hand".into());
+    let mut server = servers.replace(&name, &PostParams::default(), &server).await.expect("annotation replace allowed");
+    server.data["spec"]["power"] = json!("Off");
+    let denied = servers.replace(&name, &PostParams::default(), &server).await.expect_err("spec replace denied");
+    assert!(denied.to_string().contains("may not change spec"), "{denied}");
+    let status = json!({"status": {"indicatorLED": "On"}});
+    let denied = servers.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
+    assert!(matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403), "status patch: {denied:?}");
 }

@@ -2,21 +2,26 @@
 //!
 //! Per object: quiesce metal-operator with its `ignore` annotation (unless the object is
 //! ignored already), write the record's status, then mark the object restored and remove
-//! restatus's `ignore`; an Event tells what happened. Every write is a JSON merge patch as
-//! field manager `restatus`. The first two carry the resourceVersion the decision was made
-//! on: when the object changed meanwhile, the write conflicts, the object is re-read and
-//! decided again, so a status that moved on after the plan is never overwritten. Each step
-//! is idempotent, so a rerun finishes whatever a crash interrupted.
+//! restatus's `ignore`; an Event tells what happened. Every write is made as field manager
+//! `restatus`. The first two carry the resourceVersion the decision was made on: when the
+//! object changed meanwhile, the write conflicts, the object is re-read and decided again,
+//! so a status that moved on after the plan is never overwritten. Each step is idempotent,
+//! so a rerun finishes whatever a crash interrupted.
 //!
-//! The status goes through the status subresource where the kind has one (found by
-//! discovery), through the object itself where it has none. Requests and answers stay raw
-//! JSON: restatus reads a handful of fields from each answer, never the whole object.
+//! The status replaces the status subresource where the kind has one (found by discovery);
+//! the release then replaces the object as the API server answered that write, with only
+//! its annotations changed. Replacing costs the API server less than a merge patch, which
+//! re-encodes and merges the whole stored object first; the resourceVersion makes both
+//! replaces conditional, and a release whose object changed since falls back to a patch of
+//! the annotations alone. Kinds without a status subresource get their status by a merge
+//! patch of the object itself. Requests and answers stay raw JSON: restatus reads a handful
+//! of fields from each answer, never the whole object.
 
 use std::collections::HashSet;
 
 use futures::{StreamExt, stream};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
-use kube::api::{GetParams, Patch, PatchParams};
+use kube::api::{GetParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -25,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::format::{Manifest, ObjectRef, Record};
 use crate::identity::{KindProfile, Profile};
-use crate::object::RawObject;
+use crate::object::{self, RawObject};
 use crate::pairing::View;
 use crate::plan::{
     self, LiveObject, OPERATION_ANNOTATION, OPERATION_IGNORE, PlanInput, PlanItem, RESTORED_FROM_ANNOTATION,
@@ -110,6 +115,29 @@ impl Writer {
         self.client.request_text(request).await
     }
 
+    /// A replace (PUT) of the object (or of its `subresource`) with `body`, as restatus.
+    /// The answer is the object as the API server stored it, raw.
+    async fn replace(
+        &self,
+        kind: &KindProfile,
+        object: &LiveObject,
+        subresource: Option<&str>,
+        body: String,
+    ) -> std::result::Result<String, kube::Error> {
+        let request = kube::core::Request::new(kind.list_path_in(object.namespace.as_deref()));
+        let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        let request = match subresource {
+            Some(sub) => request.replace_subresource(sub, &object.name, &params, body.into_bytes()),
+            None => request.replace(&object.name, &params, body.into_bytes()),
+        }
+        .map_err(kube::Error::BuildRequest)?;
+        self.client.request_text(request).await
+    }
+
+    fn has_status_subresource(&self, kind: &KindProfile) -> bool {
+        self.status_subresource.contains(&kind.kind)
+    }
+
     async fn get(&self, kind: &KindProfile, object: &LiveObject) -> Result<String> {
         let context = || format!("re-read {}", object.object_ref());
         let request = kube::core::Request::new(kind.list_path_in(object.namespace.as_deref()))
@@ -181,13 +209,13 @@ impl<'a> Applier<'a> {
     ) -> Result<()> {
         let mut current = object.clone();
         let mut owns_ignore = object.quiesced_by_restatus();
-        let mut answer = None;
+        let mut written = None;
         if item.verdict == Verdict::Restore {
             let record = &self.records[item.record.expect("restore items have a record")];
-            let (verdict, written) =
+            let (verdict, answer) =
                 self.quiesce_and_write(kind, record, &mut current, &mut owns_ignore, outcome).await?;
             outcome.verdict = verdict;
-            answer = written;
+            written = answer;
         }
         let restored = outcome.verdict == Verdict::Restore;
         let mut annotations = serde_json::Map::new();
@@ -199,21 +227,48 @@ impl<'a> Applier<'a> {
         if owns_ignore {
             annotations.extend(plan::release_annotations());
         }
-        if !annotations.is_empty() {
-            let body = json!({"metadata": {"annotations": annotations}});
-            let patched = self
-                .writer
-                .merge_patch(kind, &current, None, &body)
-                .await
-                .map_err(|e| Error::kube(format!("annotate {}", current.object_ref()), e))?;
-            outcome.writes += 1;
-            answer = Some(patched);
-        }
+        let answer = match annotations.is_empty() {
+            true => written,
+            false => Some(self.annotate(kind, &current, written.as_deref(), annotations, outcome).await?),
+        };
         if restored {
             self.event(kind, &current, item).await;
         }
         outcome.after = answer.as_deref().and_then(|json| RawObject::parse(json).ok()).and_then(|o| View::of(kind, &o));
         Ok(())
+    }
+
+    /// Writes restatus's annotation `changes` (null removes a key). Right after a status
+    /// write through the subresource, `written` (its answer) is the object as stored: it is
+    /// replaced with only its annotations changed, on that resourceVersion. When the object
+    /// changed since, or there was no such write, the annotations alone are patched.
+    async fn annotate(
+        &self,
+        kind: &KindProfile,
+        current: &LiveObject,
+        written: Option<&str>,
+        changes: serde_json::Map<String, Value>,
+        outcome: &mut Outcome,
+    ) -> Result<String> {
+        let context = || format!("annotate {}", current.object_ref());
+        if let Some(written) = written.filter(|_| self.writer.has_status_subresource(kind)) {
+            let body = object::annotations_replaced(written, &changes).map_err(|e| Error::InvalidObject {
+                kind: kind.qualified_kind(),
+                name: current.name.clone(),
+                reason: format!("answer to the status write: {e}"),
+            })?;
+            outcome.writes += 1;
+            match self.writer.replace(kind, current, None, body).await {
+                Ok(answer) => return Ok(answer),
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    info!(object = %current.object_ref(), "object changed after its status was written; patching the annotations");
+                }
+                Err(e) => return Err(Error::kube(context(), e)),
+            }
+        }
+        let body = json!({"metadata": {"annotations": changes}});
+        outcome.writes += 1;
+        self.writer.merge_patch(kind, current, None, &body).await.map_err(|e| Error::kube(context(), e))
     }
 
     /// Sets restatus's `ignore` (unless the object is ignored already), then writes the
@@ -228,11 +283,14 @@ impl<'a> Applier<'a> {
         owns_ignore: &mut bool,
         outcome: &mut Outcome,
     ) -> Result<(Verdict, Option<String>)> {
-        let status_endpoint = self.writer.status_subresource.contains(&kind.kind).then_some("status");
+        let subresource = self.writer.has_status_subresource(kind);
         for _ in 0..CONFLICT_RETRIES {
-            let result = if current.ignored() {
-                let body = self.status_body(current, record)?;
-                self.writer.merge_patch(kind, current, status_endpoint, &body).await.map(Some)
+            let result = if current.ignored() && subresource {
+                let body = self.status_replacement(kind, current, record)?;
+                self.writer.replace(kind, current, Some("status"), body).await.map(Some)
+            } else if current.ignored() {
+                let body = self.status_patch(current, record)?;
+                self.writer.merge_patch(kind, current, None, &body).await.map(Some)
             } else {
                 let body = json!({"metadata": {
                     "resourceVersion": current.resource_version,
@@ -276,12 +334,44 @@ impl<'a> Applier<'a> {
         })
     }
 
-    /// The merge patch that leaves exactly the record's status, with the resourceVersion
-    /// precondition. The record's raw JSON is carried as is when the live status is empty.
-    fn status_body(&self, current: &LiveObject, record: &Record) -> Result<Box<RawValue>> {
-        let corrupt = |e: serde_json::Error| {
-            Error::corrupt(&self.manifest.snapshot_id, format!("record {}: {e}", record.object_name()))
+    /// The status subresource's new content: exactly the record's status (its raw JSON, as
+    /// is), on the resourceVersion the decision was made on. The API server takes nothing
+    /// else from a status replace.
+    fn status_replacement(&self, kind: &KindProfile, current: &LiveObject, record: &Record) -> Result<String> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta<'a> {
+            name: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            namespace: Option<&'a str>,
+            resource_version: &'a str,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Replacement<'a> {
+            api_version: String,
+            kind: &'a str,
+            metadata: Meta<'a>,
+            status: &'a RawValue,
+        }
+        let replacement = Replacement {
+            api_version: kind.api_version(),
+            kind: &kind.kind,
+            metadata: Meta {
+                name: &current.name,
+                namespace: current.namespace.as_deref(),
+                resource_version: &current.resource_version,
+            },
+            status: &record.status,
         };
+        serde_json::to_string(&replacement).map_err(|e| self.corrupt(record, e))
+    }
+
+    /// For a kind without a status subresource: the merge patch of the object that leaves
+    /// exactly the record's status, with the resourceVersion precondition. The record's raw
+    /// JSON is carried as is when the live status is empty.
+    fn status_patch(&self, current: &LiveObject, record: &Record) -> Result<Box<RawValue>> {
+        let corrupt = |e: serde_json::Error| self.corrupt(record, e);
         let status = match current.status_value() {
             None => record.status.clone(),
             Some(live) => {
@@ -292,6 +382,10 @@ impl<'a> Applier<'a> {
         let version = serde_json::to_string(&current.resource_version).map_err(corrupt)?;
         let body = format!(r#"{{"metadata":{{"resourceVersion":{version}}},"status":{}}}"#, status.get());
         RawValue::from_string(body).map_err(corrupt)
+    }
+
+    fn corrupt(&self, record: &Record, e: serde_json::Error) -> Error {
+        Error::corrupt(&self.manifest.snapshot_id, format!("record {}: {e}", record.object_name()))
     }
 
     fn decide_again(&self, kind: &KindProfile, record: &Record, fresh: &LiveObject) -> Verdict {
@@ -349,5 +443,196 @@ fn blank_item(kind: &KindProfile) -> PlanItem {
         release: false,
         record: None,
         live: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The apply step's writes against a scripted API server (tower-test): what each request
+    //! carries, and what happens when the object changed between two writes. That the writes
+    //! restore real objects is shown end to end on the test bed (e2e/restore.rs).
+
+    use std::future::Future;
+
+    use http::{Method, Request, Response, StatusCode};
+    use jiff::Timestamp;
+    use kube::client::Body;
+    use tower_test::mock;
+
+    use super::*;
+    use crate::capture::{CaptureSummary, judge};
+    use crate::format::PayloadSummary;
+    use crate::identity::IdentityKey;
+    use crate::plan::QUIESCED_BY_ANNOTATION;
+
+    type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+    const SERVER: &str = "/apis/metal.ironcore.dev/v1alpha1/servers/server-1";
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+    const SNAPSHOT: &str = "20261130T090000.000Z-0a1b2c";
+
+    fn server(resource_version: &str, annotations: Value, status: Value) -> String {
+        json!({
+            "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+            "metadata": {"name": "server-1", "uid": "u-1", "resourceVersion": resource_version,
+                         "finalizers": ["metal.ironcore.dev/server"], "annotations": annotations,
+                         "managedFields": [{"manager": "restatus", "operation": "Update"}]},
+            "spec": {"systemUUID": "UUID-1", "serverClaimRef": {"namespace": "a", "name": "claim-1"}},
+            "status": status,
+        })
+        .to_string()
+    }
+
+    fn wanted() -> Value {
+        json!({"state": "Reserved", "networkInterfaces": [{"name": "eth0", "macAddress": "aa:bb"}]})
+    }
+
+    fn quiesced() -> Value {
+        json!({OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: "restatus", "user": "kept"})
+    }
+
+    fn snapshot_id() -> String {
+        SNAPSHOT.into()
+    }
+
+    /// Answers the next request with `code` and `answer`; returns its method, path and body.
+    async fn answer(api: &mut Handle, code: StatusCode, answer: String) -> (Method, String, Value) {
+        let (request, send) = api.next_request().await.expect("a request");
+        let (method, path) = (request.method().clone(), request.uri().path().to_string());
+        let body = request.into_body().collect_bytes().await.expect("request body");
+        send.send_response(Response::builder().status(code).body(Body::from(answer.into_bytes())).unwrap());
+        (method, path, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    /// Creates what is posted (the Event).
+    async fn echo(api: &mut Handle) -> (Method, String) {
+        let (request, send) = api.next_request().await.expect("a request");
+        let (method, path) = (request.method().clone(), request.uri().path().to_string());
+        let body = request.into_body().collect_bytes().await.expect("request body");
+        send.send_response(Response::builder().status(StatusCode::CREATED).body(Body::from(body)).unwrap());
+        (method, path)
+    }
+
+    fn conflict() -> String {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+               "message": "the object has been modified; please apply your changes to the latest version"})
+        .to_string()
+    }
+
+    /// Restores `server-1`, which arrives bare (resourceVersion 1), while `script` plays the
+    /// API server; the script's assertions fail the test.
+    async fn restore_one<F, Fut>(script: F) -> Outcome
+    where
+        F: FnOnce(Handle) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let api_server = tokio::spawn(script(handle));
+        let client = kube::Client::new(service, "default");
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let writer = Writer {
+            client: client.clone(),
+            recorder: Recorder::new(client, Reporter { controller: TOOL_NAME.into(), instance: None }),
+            status_subresource: ["Server".to_string()].into(),
+        };
+        let at: Timestamp = "2026-11-30T09:00:00Z".parse().unwrap();
+        let capture = CaptureSummary {
+            kinds: vec![],
+            skipped: vec![],
+            conflicts: vec![],
+            consistency: judge(&Default::default(), vec![], &[], 1),
+        };
+        let payload = PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 1 };
+        let manifest = Manifest::new("c", SNAPSHOT.parse().unwrap(), at, "metal-operator", capture, payload);
+        let key = IdentityKey { field: "spec.systemUUID".into(), value: "uuid-1".into() };
+        let record = Record::test_server("server-1", vec![key.clone()], &wanted().to_string());
+        let live = LiveObject {
+            kind: "Server".into(),
+            namespace: None,
+            name: "server-1".into(),
+            uid: "u-1".into(),
+            resource_version: "1".into(),
+            keys: vec![key],
+            status: None,
+            annotations: Default::default(),
+            status_written_at: None,
+        };
+        let records = [record];
+        let applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        let item = PlanItem { record: Some(0), live: Some(0), ..blank_item(kind) };
+        let outcome = applier.apply_item(kind, &item, std::slice::from_ref(&live)).await;
+        drop(writer); // the script's next_request() ends instead of waiting for a request that never comes
+        api_server.await.expect("the scripted API server saw what it expected");
+        outcome
+    }
+
+    /// Quiesce (patch), status (replace of the subresource): the same in every test below.
+    async fn quiesce_and_replace_status(api: &mut Handle) {
+        let (method, path, body) = answer(api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+        assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
+        assert_eq!(body, json!({"metadata": {"resourceVersion": "1", "annotations": plan::quiesce_annotations()}}));
+
+        let (method, path, body) = answer(api, StatusCode::OK, server("3", quiesced(), wanted())).await;
+        assert_eq!((method, path.as_str()), (Method::PUT, format!("{SERVER}/status").as_str()));
+        let expected = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+                              "metadata": {"name": "server-1", "resourceVersion": "2"}, "status": wanted()});
+        assert_eq!(body, expected, "exactly the record's status, on the quiesced version");
+    }
+
+    #[tokio::test]
+    async fn the_release_replaces_the_object_as_written_with_only_annotations_changed() {
+        let outcome = restore_one(|mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", released.clone(), wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
+            let mut expected: Value = serde_json::from_str(&server("3", released, Value::Null)).unwrap();
+            expected.as_object_mut().unwrap().remove("status");
+            expected["metadata"].as_object_mut().unwrap().remove("managedFields");
+            assert_eq!(body, expected, "the answer to the status write, annotations changed, on its version");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
+        let Some(View::Server(after)) = outcome.after else { panic!("no pairing view: {:?}", outcome.after) };
+        assert_eq!(after.state, "Reserved");
+    }
+
+    #[tokio::test]
+    async fn a_release_whose_object_changed_since_the_status_write_patches_the_annotations() {
+        let outcome = restore_one(|mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            let (method, path, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
+            let released = json!({"user": "kept", "added": "meanwhile", RESTORED_FROM_ANNOTATION: snapshot_id()});
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("5", released, wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
+            let expected = json!({"metadata": {"annotations": {
+                OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, RESTORED_FROM_ANNOTATION: snapshot_id()}}});
+            assert_eq!(body, expected, "the annotations alone, whatever else changed");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 4, None));
+    }
+
+    #[tokio::test]
+    async fn a_status_that_moved_on_before_the_status_write_is_kept_and_released() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH);
+            let (method, _, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!(method, Method::PUT);
+            let moved_on = json!({"state": "Available", "powerState": "On"});
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), moved_on.clone())).await;
+            assert_eq!((method, path.as_str()), (Method::GET, SERVER), "re-read to decide again");
+            let (method, path, body) =
+                answer(&mut api, StatusCode::OK, server("4", json!({"user": "kept"}), moved_on)).await;
+            assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
+            assert_eq!(body, json!({"metadata": {"annotations": plan::release_annotations()}}));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::SkipNewer, 3, None));
     }
 }

@@ -354,8 +354,6 @@ pub async fn serve_http(ctx: Arc<Context>, addr: std::net::SocketAddr) -> Result
 mod tests {
     use super::*;
     use crate::format::SnapshotId;
-    use serde_json::json;
-    use serde_json::value::RawValue;
 
     fn key(v: &str) -> IdentityKey {
         IdentityKey { field: "spec.systemUUID".into(), value: v.into() }
@@ -379,20 +377,7 @@ mod tests {
         let records = keys
             .iter()
             .enumerate()
-            .map(|(i, k)| Record {
-                api_version: "metal.ironcore.dev/v1alpha1".into(),
-                kind: "Server".into(),
-                namespace: None,
-                name: format!("r{i}"),
-                keys: vec![key(k)],
-                uid: None,
-                resource_version: None,
-                generation: None,
-                creation_timestamp: None,
-                labels: Default::default(),
-                annotations: Default::default(),
-                status: RawValue::from_string(json!({"state": "Reserved"}).to_string()).unwrap(),
-            })
+            .map(|(i, k)| Record::test_server(&format!("r{i}"), vec![key(k)], r#"{"state":"Reserved"}"#))
             .collect();
         let manifest_id = SnapshotId::new("2026-11-30T09:00:00Z".parse().unwrap());
         let capture = crate::capture::CaptureSummary {

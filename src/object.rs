@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -141,6 +142,47 @@ fn scalar_string(raw: &RawValue) -> Option<String> {
     }
 }
 
+/// The object `json` (a whole object, as the API server answered a write) as the body of a
+/// replace (PUT) of the object itself that changes nothing but its annotations, merge-patch
+/// style: `changes` sets keys, `null` removes them. Every other field is carried byte for
+/// byte, except `status` (the object's own endpoint ignores it where the kind has a status
+/// subresource) and `managedFields` (the API server keeps its own). `resourceVersion` stays:
+/// the replace fails with a conflict when the object changed since `json` was read.
+pub fn annotations_replaced(json: &str, changes: &Map<String, Value>) -> Result<String, serde_json::Error> {
+    let fields: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_str(json)?;
+    let mut metadata: Map<String, Value> = match fields.get("metadata") {
+        Some(raw) => serde_json::from_str(raw.get())?,
+        None => Map::new(),
+    };
+    metadata.remove("managedFields");
+    let mut annotations = match metadata.remove("annotations") {
+        Some(Value::Object(annotations)) => annotations,
+        _ => Map::new(),
+    };
+    for (key, value) in changes {
+        match value {
+            Value::Null => annotations.remove(key),
+            value => annotations.insert(key.clone(), value.clone()),
+        };
+    }
+    if !annotations.is_empty() {
+        metadata.insert("annotations".into(), Value::Object(annotations));
+    }
+
+    let mut body = String::with_capacity(json.len());
+    body.push('{');
+    for (key, raw) in fields.iter().filter(|(key, _)| !matches!(key.as_ref(), "metadata" | "status")) {
+        body.push_str(&serde_json::to_string(key)?);
+        body.push(':');
+        body.push_str(raw.get());
+        body.push(',');
+    }
+    body.push_str("\"metadata\":");
+    body.push_str(&serde_json::to_string(&metadata)?);
+    body.push('}');
+    Ok(body)
+}
+
 /// Whether two JSON documents are equal: byte-equal (the API server writes maps with sorted
 /// keys, so an unchanged status usually is), or equal once parsed.
 pub fn same_json(a: &RawValue, b: &RawValue) -> bool {
@@ -200,6 +242,43 @@ mod tests {
             assert!(RawObject::parse(&json).unwrap().status().is_none(), "{status}");
         }
         assert!(RawObject::parse(r#"{"metadata":{"name":"x"}}"#).unwrap().status().is_none());
+    }
+
+    #[test]
+    fn a_replacement_changes_only_annotations() {
+        let answer = r#"{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server",
+            "metadata":{"name":"server-1","uid":"u-1","resourceVersion":"43","finalizers":["f"],
+                        "ownerReferences":[{"kind":"BMC","name":"b","uid":"u-b"}],"labels":{"a":"b"},
+                        "annotations":{"keep":"me","metal.ironcore.dev/operation":"ignore","q":"r"},
+                        "managedFields":[{"manager":"restatus","fieldsV1":{"f:status":{}}}]},
+            "spec":{"systemUUID":"ABC","n":1.50},"status":{"state":"Reserved"},"extra":[1,2]}"#;
+        let mut changes = Map::new();
+        changes.insert("metal.ironcore.dev/operation".into(), Value::Null);
+        changes.insert("q".into(), Value::Null);
+        changes.insert("restored-from".into(), "snap-1".into());
+        let body = annotations_replaced(answer, &changes).unwrap();
+        let body: Value = serde_json::from_str(&body).unwrap();
+        let original: Value = serde_json::from_str(answer).unwrap();
+        assert_eq!(body["metadata"]["annotations"], serde_json::json!({"keep": "me", "restored-from": "snap-1"}));
+        assert_eq!(body["metadata"]["resourceVersion"], "43", "the replace is conditional");
+        assert!(body["metadata"].get("managedFields").is_none());
+        assert!(body.get("status").is_none());
+        for same in ["apiVersion", "kind", "spec", "extra"] {
+            assert_eq!(body[same], original[same], "{same}");
+        }
+        for same in ["name", "uid", "finalizers", "ownerReferences", "labels"] {
+            assert_eq!(body["metadata"][same], original["metadata"][same], "{same}");
+        }
+
+        // Removing the only annotations leaves none; an object without any gets them.
+        let bare = r#"{"metadata":{"name":"x","annotations":{"q":"r"}}}"#;
+        let body: Value = serde_json::from_str(&annotations_replaced(bare, &changes).unwrap()).unwrap();
+        assert_eq!(body["metadata"]["annotations"], serde_json::json!({"restored-from": "snap-1"}));
+        let mut remove = Map::new();
+        remove.insert("q".into(), Value::Null);
+        let body: Value = serde_json::from_str(&annotations_replaced(bare, &remove).unwrap()).unwrap();
+        assert!(body["metadata"].get("annotations").is_none());
+        assert!(annotations_replaced("[1]", &remove).is_err(), "not an object");
     }
 
     #[test]

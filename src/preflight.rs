@@ -328,20 +328,7 @@ mod tests {
     #[test]
     fn freshness_compares_live_status_with_the_snapshot() {
         let key = IdentityKey { field: "spec.systemUUID".into(), value: "u".into() };
-        let record = Record {
-            api_version: "metal.ironcore.dev/v1alpha1".into(),
-            kind: "Server".into(),
-            namespace: None,
-            name: "s".into(),
-            keys: vec![key.clone()],
-            uid: None,
-            resource_version: None,
-            generation: None,
-            creation_timestamp: None,
-            labels: Default::default(),
-            annotations: Default::default(),
-            status: RawValue::from_string(r#"{"state":"Reserved"}"#.into()).unwrap(),
-        };
+        let record = Record::test_server("s", vec![key.clone()], r#"{"state":"Reserved"}"#);
         let live = |name: &str, keys: Vec<IdentityKey>, status: Value| LiveObject {
             kind: "Server".into(),
             namespace: None,

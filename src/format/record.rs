@@ -53,6 +53,27 @@ impl Record {
     }
 }
 
+#[cfg(test)]
+impl Record {
+    /// A record of the metal-operator Server `name` for unit tests.
+    pub(crate) fn test_server(name: &str, keys: Vec<IdentityKey>, status: &str) -> Record {
+        Record {
+            api_version: "metal.ironcore.dev/v1alpha1".into(),
+            kind: "Server".into(),
+            namespace: None,
+            name: name.into(),
+            keys,
+            uid: None,
+            resource_version: None,
+            generation: None,
+            creation_timestamp: None,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            status: RawValue::from_string(status.into()).expect("test status is JSON"),
+        }
+    }
+}
+
 /// Whether restatus carries a label or annotation of this key into a record.
 pub fn is_carried(key: &str) -> bool {
     CARRIED_ANNOTATION_PREFIXES.iter().any(|prefix| key.starts_with(prefix))
