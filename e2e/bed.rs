@@ -143,6 +143,29 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:06x}", rand::random::<u32>() & 0xff_ffff)
 }
 
+/// kubectl arguments for a merge patch of `object` (`resource/name`), in `namespace` if given.
+pub fn merge_patch<'a>(namespace: Option<&'a str>, object: &'a str, body: &'a str) -> Vec<&'a str> {
+    let mut args = namespace.map(|ns| vec!["-n", ns]).unwrap_or_default();
+    args.extend(["patch", object, "--type=merge", "-p", body]);
+    args
+}
+
+/// The merge patch with which restatus quiesces an object.
+pub const QUIESCE_PATCH: &str = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus"}}}"#;
+
+/// Patches of a metal-operator `object` that no restatus role may make: its spec, its
+/// labels, an annotation that is not restatus's.
+pub fn foreign_patches(object: &str) -> Vec<Vec<&str>> {
+    [
+        r#"{"spec":{"power":"Off"}}"#,
+        r#"{"metadata":{"labels":{"x":"y"}}}"#,
+        r#"{"metadata":{"annotations":{"other":"x"}}}"#,
+    ]
+    .into_iter()
+    .map(|body| merge_patch(None, object, body))
+    .collect()
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

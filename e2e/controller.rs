@@ -11,7 +11,10 @@ use restatus::identity::Profile;
 use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use serde_json::json;
 
-use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, unique};
+use crate::bed::{
+    Bed, QUIESCE_PATCH, TARGET, assert_success, fleet_state, foreign_patches, merge_patch, simulate_move, stderr,
+    unique,
+};
 
 struct Controller {
     child: Child,
@@ -178,33 +181,17 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
 
     // Nothing more: no spec, label or foreign annotation writes; no creates, deletes, Secrets.
     let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
-    let denied = [
-        vec!["patch", &server, "--type=merge", "-p", r#"{"spec":{"power":"Off"}}"#],
-        vec!["patch", &server, "--type=merge", "-p", r#"{"metadata":{"labels":{"x":"y"}}}"#],
-        vec!["patch", &server, "--type=merge", "-p", r#"{"metadata":{"annotations":{"other":"x"}}}"#],
+    let mut denied = foreign_patches(&server);
+    denied.extend([
         vec!["delete", &server],
         vec!["get", "secrets", "-A"],
         vec!["-n", "restatus", "get", "secret", "restatus-s3"],
         vec!["get", "bmcsecrets.metal.ironcore.dev"],
         vec!["create", "namespace", "nope"],
-    ];
+    ]);
     bed.assert_denied(&kubeconfig, &denied);
-    let allowed = [
-        vec![
-            "patch",
-            &server,
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus"}}}"#,
-        ],
-        vec![
-            "patch",
-            &server,
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":null,"restatus.ironcore.dev/quiesced-by":null}}}"#,
-        ],
-    ];
+    let release = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":null,"restatus.ironcore.dev/quiesced-by":null}}}"#;
+    let allowed = [merge_patch(None, &server, QUIESCE_PATCH), merge_patch(None, &server, release)];
     bed.assert_allowed(&kubeconfig, &allowed);
     // Replaces, as the controller makes them: the status subresource, and the object with
     // only restatus's annotations changed; a replace that changes the spec is denied, and

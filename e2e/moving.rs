@@ -18,7 +18,9 @@ use restatus::fleet::{FLEET_LABEL, FleetSpec};
 use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use serde_json::{Value, json};
 
-use crate::bed::{Bed, MOVES, TARGET, assert_success, fleet_state, stdout, unique};
+use crate::bed::{
+    Bed, MOVES, QUIESCE_PATCH, TARGET, assert_success, fleet_state, foreign_patches, merge_patch, stdout, unique,
+};
 
 const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
 const BLOCK_MOVE: &str = restatus::handshake::BLOCK_MOVE_ANNOTATION;
@@ -663,54 +665,30 @@ async fn the_source_role_rbac_is_sufficient_and_nothing_more() {
     let server = format!("servers.metal.ironcore.dev/{}", fx.fleet.server_name(0));
     let cluster = "clusters.cluster.x-k8s.io/workload";
     let ns = fx.ns.as_str();
-    let denied = [
-        vec!["patch", &server, "--type=merge", "-p", r#"{"spec":{"power":"Off"}}"#],
-        vec!["patch", &server, "--type=merge", "-p", r#"{"metadata":{"labels":{"x":"y"}}}"#],
-        vec!["patch", &server, "--type=merge", "-p", r#"{"metadata":{"annotations":{"other":"x"}}}"#],
+    let mut denied = foreign_patches(&server);
+    denied.extend([
         vec!["patch", &server, "--subresource=status", "--type=merge", "-p", r#"{"status":{"state":"Available"}}"#],
-        vec!["-n", ns, "patch", cluster, "--type=merge", "-p", r#"{"spec":{"paused":true}}"#],
-        vec![
-            "-n",
-            ns,
-            "patch",
-            cluster,
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore"}}}"#,
-        ],
+        merge_patch(Some(ns), cluster, r#"{"spec":{"paused":true}}"#),
+        merge_patch(Some(ns), cluster, r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore"}}}"#),
         vec!["-n", ns, "delete", cluster],
         vec!["delete", &server],
         vec!["get", "secrets", "-A"],
         vec!["get", "bmcsecrets.metal.ironcore.dev"],
         vec!["-n", ns, "get", "machines.cluster.x-k8s.io"],
-    ];
+    ]);
     bed.assert_denied(&kubeconfig, &denied);
     let allowed = [
-        vec![
-            "-n",
-            ns,
-            "patch",
+        merge_patch(
+            Some(ns),
             cluster,
-            "--type=merge",
-            "-p",
             r#"{"metadata":{"annotations":{"clusterctl.cluster.x-k8s.io/block-move":"restatus"}}}"#,
-        ],
-        vec![
-            "-n",
-            ns,
-            "patch",
+        ),
+        merge_patch(
+            Some(ns),
             cluster,
-            "--type=merge",
-            "-p",
             r#"{"metadata":{"annotations":{"clusterctl.cluster.x-k8s.io/block-move":null}}}"#,
-        ],
-        vec![
-            "patch",
-            &server,
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus"}}}"#,
-        ],
+        ),
+        merge_patch(None, &server, QUIESCE_PATCH),
     ];
     bed.assert_allowed(&kubeconfig, &allowed);
 }

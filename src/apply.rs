@@ -212,10 +212,8 @@ impl<'a> Applier<'a> {
         let mut written = None;
         if item.verdict == Verdict::Restore {
             let record = &self.records[item.record.expect("restore items have a record")];
-            let (verdict, answer) =
+            (outcome.verdict, written) =
                 self.quiesce_and_write(kind, record, &mut current, &mut owns_ignore, outcome).await?;
-            outcome.verdict = verdict;
-            written = answer;
         }
         let restored = outcome.verdict == Verdict::Restore;
         let mut annotations = serde_json::Map::new();

@@ -88,7 +88,7 @@ impl StateSet {
     }
 }
 
-/// Cluster API's group, and the version restatus reads it in.
+/// Cluster API's group, and the version restatus reads it in (the one clusterctl v1.13 serves).
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
 const CAPI_VERSION: &str = "v1beta2";
 

@@ -149,7 +149,6 @@ pub fn stale_objects(snapshot: &str, records: &[Record], live: &[LiveObject]) ->
     out
 }
 
-/// The CAPI kinds clusterctl checks, at the version v1.13 serves.
 #[derive(Debug, Clone)]
 pub struct PreflightOptions {
     pub profile: Profile,
