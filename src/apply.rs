@@ -616,6 +616,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_unreadable_answer_to_the_status_write_is_an_error_naming_the_object() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH);
+            let (method, _, _) = answer(&mut api, StatusCode::OK, "<html>proxy error</html>".into()).await;
+            assert_eq!(method, Method::PUT);
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes), (Verdict::Restore, 2));
+        let error = outcome.error.expect("an error");
+        assert!(error.contains("server-1") && error.contains("answer to the status write"), "{error}");
+    }
+
+    #[tokio::test]
     async fn a_status_that_moved_on_before_the_status_write_is_kept_and_released() {
         let outcome = restore_one(|mut api| async move {
             let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
