@@ -8,9 +8,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use restatus::backup::{self, BackupOptions};
-use restatus::capture::{ListPage, PageRequest, fetch_page};
-use restatus::identity::{KindProfile, Profile};
-use restatus::object::RawObject;
+use restatus::domain::identity::{KindProfile, Profile};
+use restatus::domain::object::RawObject;
+use restatus::k8s::PageRequest;
+use restatus::k8s::list::{ListPage, fetch_page};
 use restatus::store::SnapshotStore;
 
 const PAGE: u32 = 500;
@@ -86,7 +87,7 @@ async fn main() {
     let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
     let source = env("KUBECONFIG_SOURCE");
     let bucket = env("RESTATUS_BUCKET");
-    let client = restatus::kubeconfig::client(Some(Path::new(&source)), None).await.unwrap();
+    let client = restatus::k8s::client(Some(Path::new(&source)), None).await.unwrap();
     let profile = Profile::metal_operator();
     let storage = format!("s3://{bucket}/bench");
     let store = SnapshotStore::open(&storage, "bench").unwrap();

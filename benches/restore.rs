@@ -16,11 +16,12 @@ use jiff::Timestamp;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use restatus::backup::{self, BackupOptions};
-use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
+use restatus::domain::annotations::{
+    OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION,
+};
+use restatus::domain::identity::Profile;
+use restatus::fleet::{FLEET_LABEL, FleetSpec};
 use restatus::format::Record;
-use restatus::identity::Profile;
-use restatus::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
-use restatus::restore;
 use restatus::store::SnapshotStore;
 use serde_json::json;
 
@@ -46,7 +47,7 @@ async fn bare_loop(client: &kube::Client, profile: &Profile, records: &[Record],
     let started = Instant::now();
     let mut writes = 0;
     for kind in &profile.kinds {
-        let listed: HashMap<String, String> = fleet::api_for(client, kind, None)
+        let listed: HashMap<String, String> = restatus::k8s::api_for(client, kind, None)
             .list_metadata(&ListParams::default().labels(&format!("{FLEET_LABEL}={set}")))
             .await
             .unwrap()
@@ -59,7 +60,7 @@ async fn bare_loop(client: &kube::Client, profile: &Profile, records: &[Record],
         let done: Vec<usize> = stream::iter(of_kind)
             .map(|record| async move {
                 let name = record.name.replacen("bench-", &format!("{set}-"), 1);
-                let api = fleet::api_for(client, kind, record.namespace.as_deref());
+                let api = restatus::k8s::api_for(client, kind, record.namespace.as_deref());
                 let params = PatchParams { field_manager: Some("bare".into()), ..Default::default() };
                 let post = PostParams { field_manager: Some("bare".into()), ..Default::default() };
                 let mut version = listed[&name].clone();
@@ -186,7 +187,7 @@ async fn controller_latency(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let spec = FleetSpec::new("ctl", n, 0, 0);
-    let servers = fleet::api_for(target, Profile::metal_operator().kind("Server").unwrap(), None);
+    let servers = restatus::k8s::api_for(target, Profile::metal_operator().kind("Server").unwrap(), None);
     let watch = {
         let servers = servers.clone();
         tokio::spawn(async move {
@@ -262,8 +263,8 @@ impl Bench {
 async fn main() {
     let source_kc = env("KUBECONFIG_SOURCE");
     let target_kc = env("KUBECONFIG_TARGET");
-    let source = restatus::kubeconfig::client(Some(Path::new(&source_kc)), None).await.unwrap();
-    let target = restatus::kubeconfig::client(Some(Path::new(&target_kc)), None).await.unwrap();
+    let source = restatus::k8s::client(Some(Path::new(&source_kc)), None).await.unwrap();
+    let target = restatus::k8s::client(Some(Path::new(&target_kc)), None).await.unwrap();
     let profile = servers_and_claims();
     let storage = format!("s3://{}/bench-restore", env("RESTATUS_BUCKET"));
     let cluster = format!("bench-src-{}", Timestamp::now().as_second());
@@ -277,10 +278,10 @@ async fn main() {
     };
     let manifest = backup::run(&source, &store, &options).await.unwrap();
     let snapshot = manifest.snapshot_id.to_string();
-    let loaded = restore::choose_snapshot(&store, Some(&manifest.snapshot_id), false).await.unwrap();
+    let loaded = restatus::store::choose_snapshot(&store, Some(&manifest.snapshot_id), false).await.unwrap();
     let bench_records: Vec<Record> = loaded.records.iter().filter(|r| r.name.starts_with("bench-")).cloned().collect();
     let objects = bench_records.len();
-    let unset = fleet::api_for(&target, profile.kind("Server").unwrap(), None)
+    let unset = restatus::k8s::api_for(&target, profile.kind("Server").unwrap(), None)
         .list(&ListParams::default().labels(&format!("{FLEET_LABEL}=bench")).limit(1))
         .await
         .unwrap();

@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use restatus::domain::annotations::{
+    OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION,
+};
+use restatus::domain::identity::Profile;
 use restatus::fleet::{self, FleetSpec};
-use restatus::identity::Profile;
-use restatus::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use serde_json::{Value, json};
 
 const CONCURRENCY: usize = 16;
@@ -146,7 +148,7 @@ struct Way {
 /// Per way: (wall, apiserver CPU, etcd CPU) in ms per object. Each way writes a set of its
 /// own; the ways take turns, one chunk of objects each.
 async fn measure(client: &kube::Client, name: &str, ways: &[Way]) -> Vec<(f64, f64, f64)> {
-    let servers = fleet::api_for(client, Profile::metal_operator().kind("Server").unwrap(), None);
+    let servers = restatus::k8s::api_for(client, Profile::metal_operator().kind("Server").unwrap(), None);
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let mut sets = Vec::new();
     for (i, way) in ways.iter().enumerate() {
@@ -172,7 +174,7 @@ async fn measure(client: &kube::Client, name: &str, ways: &[Way]) -> Vec<(f64, f
 #[tokio::main]
 async fn main() {
     let kubeconfig = env("KUBECONFIG_TARGET");
-    let client = restatus::kubeconfig::client(Some(std::path::Path::new(&kubeconfig)), None).await.unwrap();
+    let client = restatus::k8s::client(Some(std::path::Path::new(&kubeconfig)), None).await.unwrap();
     let suffix = jiff::Timestamp::now().as_second();
     use Write::*;
     let way = |label, before, timed| Way { label, before, timed };

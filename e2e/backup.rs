@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use kube::api::ListParams;
+use restatus::domain::identity::Profile;
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
-use restatus::identity::Profile;
 use serde_json::Value;
 
 use crate::bed::{Bed, assert_success, records, stderr, stdout, unique};
@@ -17,7 +17,7 @@ async fn live_statuses(client: &kube::Client, fleet: &str) -> BTreeMap<String, V
     let profile = Profile::metal_operator();
     let mut out = BTreeMap::new();
     for kind in ["BMC", "Server", "ServerClaim"] {
-        let api = fleet::api_for(client, profile.kind(kind).unwrap(), None);
+        let api = restatus::k8s::api_for(client, profile.kind(kind).unwrap(), None);
         let list = api.list(&ListParams::default().labels(&format!("{FLEET_LABEL}={fleet}"))).await.unwrap();
         for obj in list {
             let name = match &obj.metadata.namespace {
@@ -142,7 +142,7 @@ async fn secrets_are_never_captured_even_when_a_profile_names_them() {
         "name: greedy\nkinds:\n- {group: metal.ironcore.dev, version: v1alpha1, kind: BMCSecret, plural: bmcsecrets}\n- {version: v1, kind: Secret, plural: secrets, namespaced: true}\n- {group: metal.ironcore.dev, version: v1alpha1, kind: Server, plural: servers, keys: [{path: spec.systemUUID}]}\n",
     )
     .unwrap();
-    let api = fleet::api_for(&client, &profile.kinds[0], None);
+    let api = restatus::k8s::api_for(&client, &profile.kinds[0], None);
     api.create(&Default::default(), &serde_json::from_value(bmc_secret).unwrap()).await.unwrap();
     let path = bed.scratch.path().join("greedy.yaml");
     std::fs::write(&path, serde_json::to_string(&profile).unwrap()).unwrap();
@@ -155,8 +155,8 @@ async fn secrets_are_never_captured_even_when_a_profile_names_them() {
     assert!(records.iter().all(|r| r.kind == "Server"));
     let skipped: Vec<_> =
         manifest.skipped.iter().filter(|s| s.name.is_none()).map(|s| (s.kind.as_str(), s.reason.as_str())).collect();
-    assert!(skipped.contains(&("BMCSecret", restatus::capture::reasons::SECRET_KIND)), "{skipped:?}");
-    assert!(skipped.contains(&("Secret", restatus::capture::reasons::SECRET_KIND)), "{skipped:?}");
+    assert!(skipped.contains(&("BMCSecret", restatus::domain::capture::reasons::SECRET_KIND)), "{skipped:?}");
+    assert!(skipped.contains(&("Secret", restatus::domain::capture::reasons::SECRET_KIND)), "{skipped:?}");
     let raw = zstd::decode_all(&store.payload(&manifest.snapshot_id).await.unwrap()[..]).unwrap();
     let text = String::from_utf8_lossy(&raw);
     assert!(!text.contains(secret_value) && !text.contains(&encoded), "secret data reached the payload");

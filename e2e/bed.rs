@@ -42,11 +42,11 @@ impl Bed {
     }
 
     pub async fn source(&self) -> kube::Client {
-        restatus::kubeconfig::client(Some(&self.source_kubeconfig), None).await.expect("source cluster client")
+        restatus::k8s::client(Some(&self.source_kubeconfig), None).await.expect("source cluster client")
     }
 
     pub async fn target(&self) -> kube::Client {
-        restatus::kubeconfig::client(Some(&self.target_kubeconfig), None).await.expect("target cluster client")
+        restatus::k8s::client(Some(&self.target_kubeconfig), None).await.expect("target cluster client")
     }
 
     /// A storage URL of its own for one test: tests share the bucket, never a prefix.
@@ -197,12 +197,12 @@ pub async fn records(store: &SnapshotStore, manifest_id: &str) -> (Manifest, Vec
 /// on the target, created without status (and, through `rename`, optionally another name).
 pub async fn simulate_move(source: &kube::Client, target: &kube::Client, fleet: &str, rename: &dyn Fn(&str) -> String) {
     use kube::api::{ListParams, PostParams};
-    let profile = restatus::identity::Profile::metal_operator();
+    let profile = restatus::domain::identity::Profile::metal_operator();
     for kind in ["BMC", "Server", "ServerClaim"] {
         let kind = profile.kind(kind).unwrap();
         let selector = format!("{}={fleet}", restatus::fleet::FLEET_LABEL);
         let list =
-            restatus::fleet::api_for(source, kind, None).list(&ListParams::default().labels(&selector)).await.unwrap();
+            restatus::k8s::api_for(source, kind, None).list(&ListParams::default().labels(&selector)).await.unwrap();
         for object in list {
             let meta = &object.metadata;
             let copy = serde_json::json!({
@@ -212,7 +212,7 @@ pub async fn simulate_move(source: &kube::Client, target: &kube::Client, fleet: 
                              "labels": meta.labels, "annotations": meta.annotations},
                 "spec": object.data["spec"],
             });
-            let api = restatus::fleet::api_for(target, kind, meta.namespace.as_deref());
+            let api = restatus::k8s::api_for(target, kind, meta.namespace.as_deref());
             if let Some(ns) = &meta.namespace {
                 ensure_namespace(target, ns).await;
             }
@@ -238,10 +238,10 @@ pub async fn fleet_state(
     fleet: &str,
 ) -> std::collections::BTreeMap<String, (serde_json::Value, std::collections::BTreeMap<String, String>)> {
     use kube::api::ListParams;
-    let profile = restatus::identity::Profile::metal_operator();
+    let profile = restatus::domain::identity::Profile::metal_operator();
     let mut out = std::collections::BTreeMap::new();
     for kind in ["BMC", "Server", "ServerClaim"] {
-        let api = restatus::fleet::api_for(client, profile.kind(kind).unwrap(), None);
+        let api = restatus::k8s::api_for(client, profile.kind(kind).unwrap(), None);
         let selector = format!("{}={fleet}", restatus::fleet::FLEET_LABEL);
         for obj in api.list(&ListParams::default().labels(&selector)).await.unwrap() {
             let name = match &obj.metadata.namespace {

@@ -6,9 +6,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams, PostParams};
+use restatus::domain::annotations::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
+use restatus::domain::identity::Profile;
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
-use restatus::identity::Profile;
-use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use serde_json::json;
 
 use crate::bed::{
@@ -144,7 +144,7 @@ async fn the_controller_restores_objects_as_they_appear() {
 
     // An object that loses its status later gets it back.
     let target = bed.target().await;
-    let servers = fleet::api_for(&target, Profile::metal_operator().kind("Server").unwrap(), None);
+    let servers = restatus::k8s::api_for(&target, Profile::metal_operator().kind("Server").unwrap(), None);
     let wiped = json!({"status": {"state": null, "networkInterfaces": null, "processors": null, "storages": null, "serialNumber": null}});
     servers.patch_status(&spec.server_name(5), &PatchParams::default(), &Patch::Merge(&wiped)).await.unwrap();
     wait_restored(&bed, &spec.name, Duration::from_secs(10)).await;
@@ -196,8 +196,8 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
     // Replaces, as the controller makes them: the status subresource, and the object with
     // only restatus's annotations changed; a replace that changes the spec is denied, and
     // the status may not be patched (nor read: kubectl's status patch would GET it first).
-    let as_controller = restatus::kubeconfig::client(Some(&kubeconfig), None).await.unwrap();
-    let servers = fleet::api_for(&as_controller, Profile::metal_operator().kind("Server").unwrap(), None);
+    let as_controller = restatus::k8s::client(Some(&kubeconfig), None).await.unwrap();
+    let servers = restatus::k8s::api_for(&as_controller, Profile::metal_operator().kind("Server").unwrap(), None);
     let name = spec.server_name(0);
     let mut server = servers.get(&name).await.unwrap();
     server.data["status"] = json!({"indicatorLED": "Off"});

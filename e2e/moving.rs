@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use restatus::domain::annotations::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use restatus::fleet::{FLEET_LABEL, FleetSpec};
-use restatus::plan::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use serde_json::{Value, json};
 
 use crate::bed::{
@@ -23,7 +23,7 @@ use crate::bed::{
 };
 
 const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
-const BLOCK_MOVE: &str = restatus::handshake::BLOCK_MOVE_ANNOTATION;
+const BLOCK_MOVE: &str = restatus::domain::annotations::BLOCK_MOVE_ANNOTATION;
 
 fn api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, ns: Option<&str>) -> Api<DynamicObject> {
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 
 use kube::api::{DeleteParams, Patch, PatchParams};
+use restatus::domain::annotations::{OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
+use restatus::domain::identity::Profile;
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
-use restatus::identity::Profile;
-use restatus::plan::{
-    self, OPERATION_ANNOTATION, PlanInput, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION, Verdict,
-};
-use restatus::restore::{self, Applier, RestoreOptions, Writer};
+use restatus::k8s::Writer;
+use restatus::restore::plan::{self, PlanInput, Verdict};
+use restatus::restore::{self, Applier, RestoreOptions};
 use serde_json::{Value, json};
 
 use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, stdout, unique};
@@ -194,7 +194,7 @@ async fn a_status_that_moved_on_is_kept_unless_forced_and_a_users_ignore_stays()
     let s = Scenario::moved(3, 1).await;
     let target = s.bed.target().await;
     let profile = Profile::metal_operator();
-    let servers = fleet::api_for(&target, profile.kind("Server").unwrap(), None);
+    let servers = restatus::k8s::api_for(&target, profile.kind("Server").unwrap(), None);
     let newer = json!({"status": {"state": "Maintenance", "powerState": "Off"}});
     servers.patch_status(&s.spec.server_name(2), &PatchParams::default(), &Patch::Merge(&newer)).await.unwrap();
     let users = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: "ignore"}}});
@@ -240,7 +240,7 @@ async fn objects_arriving_quiesced_by_restatus_are_restored_then_released() {
         ("Server", (0..3).map(|i| s.spec.server_name(i)).collect::<Vec<_>>()),
         ("BMC", (0..3).map(|i| s.spec.bmc_name(i)).collect()),
     ] {
-        let api = fleet::api_for(&source, profile.kind(kind).unwrap(), None);
+        let api = restatus::k8s::api_for(&source, profile.kind(kind).unwrap(), None);
         for name in names {
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&quiesce)).await.unwrap();
         }
@@ -266,7 +266,7 @@ async fn objects_arriving_quiesced_by_restatus_are_restored_then_released() {
 
     // A crash after the status write but before the release: the next run releases only.
     let target = s.bed.target().await;
-    let servers = fleet::api_for(&target, profile.kind("Server").unwrap(), None);
+    let servers = restatus::k8s::api_for(&target, profile.kind("Server").unwrap(), None);
     servers.patch(&s.spec.server_name(0), &PatchParams::default(), &Patch::Merge(&quiesce)).await.unwrap();
     let report = s.report(&[]);
     assert_eq!(report["writes"], 1);
@@ -312,7 +312,7 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
     let target = s.bed.target().await;
     let store = s.bed.store(&s.storage, &s.cluster);
     let options = s.options();
-    let loaded = restore::choose_snapshot(&store, None, false).await.unwrap();
+    let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
     let live = restore::read_live(&target, &options.profile, &options.page()).await.unwrap();
     let plan = plan::plan(&PlanInput {
         profile: &options.profile,
@@ -326,7 +326,7 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
 
     // Between plan and apply: server 0 is deleted, server 1 gets an initial status (a
     // conflict that still restores), server 2 moves on (a conflict that turns into skip-newer).
-    let servers = fleet::api_for(&target, options.profile.kind("Server").unwrap(), None);
+    let servers = restatus::k8s::api_for(&target, options.profile.kind("Server").unwrap(), None);
     servers.delete(&s.spec.server_name(0), &DeleteParams::default()).await.unwrap();
     let initial = json!({"status": {"state": "Initial"}});
     servers.patch_status(&s.spec.server_name(1), &PatchParams::default(), &Patch::Merge(&initial)).await.unwrap();
@@ -483,8 +483,8 @@ async fn a_kind_without_status_subresource_is_restored_through_the_object() {
     let (source, target) = (bed.source().await, bed.target().await);
     for i in 0..3 {
         let post = kube::api::PostParams::default();
-        fleet::api_for(&source, kind, None).create(&post, &gadget(i, true)).await.unwrap();
-        fleet::api_for(&target, kind, None).create(&post, &gadget(i, false)).await.unwrap();
+        restatus::k8s::api_for(&source, kind, None).create(&post, &gadget(i, true)).await.unwrap();
+        restatus::k8s::api_for(&target, kind, None).create(&post, &gadget(i, false)).await.unwrap();
     }
     let storage = bed.storage(&fleet);
     let selector = format!("{FLEET_LABEL}={fleet}");
@@ -502,7 +502,7 @@ async fn a_kind_without_status_subresource_is_restored_through_the_object() {
     assert_eq!(report["counts"]["restore"], 3, "{report:#}");
     assert_eq!(report["writes"], 9, "quiesce, status, release per object");
     for i in 0..3 {
-        let live = fleet::api_for(&target, kind, None).get(&format!("{fleet}-{i}")).await.unwrap();
+        let live = restatus::k8s::api_for(&target, kind, None).get(&format!("{fleet}-{i}")).await.unwrap();
         assert_eq!(live.data["status"], gadget(i, true).data["status"]);
         let annotations = live.metadata.annotations.unwrap_or_default();
         assert!(!annotations.contains_key(OPERATION_ANNOTATION) && !annotations.contains_key(QUIESCED_BY_ANNOTATION));

@@ -33,6 +33,10 @@ pub enum Error {
     )]
     NoGoodSnapshot { cluster: String, location: String, passed_over: usize },
 
+    /// No complete snapshot of the cluster at all.
+    #[error("no complete snapshot for cluster {cluster} in {location}")]
+    NoSnapshot { cluster: String, location: String },
+
     #[error("invalid snapshot id {0:?}")]
     InvalidSnapshotId(String),
 
@@ -66,8 +70,16 @@ pub enum Error {
     #[error("{kind} {name}: {reason}")]
     InvalidObject { kind: String, name: String, reason: String },
 
+    /// An object changed under every one of restatus's conditional writes.
+    #[error("{kind} {name}: kept changing: {attempts} conflicting writes")]
+    KeptChanging { kind: String, name: String, attempts: usize },
+
     #[error("leader election: {0}")]
     Leader(String),
+
+    /// The controller's watches all ended (the API server closed them for good).
+    #[error("every watch ended")]
+    WatchesEnded,
 
     #[error("{context}: {source}")]
     Io {
@@ -78,6 +90,31 @@ pub enum Error {
 }
 
 impl Error {
+    /// A short, stable label for metrics and logs: what kind of failure this is.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::CorruptSnapshot { .. } => "corrupt_snapshot",
+            Error::UnsupportedFormat { .. } => "unsupported_format",
+            Error::ForeignSnapshot { .. } => "foreign_snapshot",
+            Error::SnapshotNotFound(_) => "snapshot_not_found",
+            Error::Inconsistent { .. } => "inconsistent_snapshot",
+            Error::NoGoodSnapshot { .. } => "no_good_snapshot",
+            Error::NoSnapshot { .. } => "no_snapshot",
+            Error::InvalidSnapshotId(_) => "invalid_snapshot_id",
+            Error::Profile { .. } => "profile",
+            Error::Cron { .. } => "cron",
+            Error::StorageUrl { .. } => "storage_url",
+            Error::Store { .. } => "store",
+            Error::Kube { .. } => "kube",
+            Error::Kubeconfig { .. } => "kubeconfig",
+            Error::InvalidObject { .. } => "invalid_object",
+            Error::KeptChanging { .. } => "kept_changing",
+            Error::Leader(_) => "leader",
+            Error::WatchesEnded => "watches_ended",
+            Error::Io { .. } => "io",
+        }
+    }
+
     pub(crate) fn corrupt(snapshot: impl ToString, reason: impl Into<String>) -> Self {
         Error::CorruptSnapshot { snapshot: snapshot.to_string(), reason: reason.into() }
     }

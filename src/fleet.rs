@@ -6,11 +6,11 @@
 
 use futures::{StreamExt, TryStreamExt, stream};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
-use crate::identity::{KindProfile, Profile};
-use crate::plan::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+use crate::domain::annotations::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+use crate::domain::identity::{KindProfile, Profile};
+use crate::k8s::api_for;
 use crate::{Error, Result};
 
 /// Label on every sample object, naming its fleet.
@@ -280,16 +280,6 @@ pub async fn create(client: &kube::Client, spec: &FleetSpec, concurrency: usize)
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
-}
-
-/// The API of a kind, namespaced or cluster-wide.
-pub fn api_for(client: &kube::Client, kind: &KindProfile, namespace: Option<&str>) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk(&kind.group, &kind.version, &kind.kind);
-    let resource = ApiResource::from_gvk_with_plural(&gvk, &kind.plural);
-    match namespace {
-        Some(ns) if kind.namespaced => Api::namespaced_with(client.clone(), ns, &resource),
-        _ => Api::all_with(client.clone(), &resource),
-    }
 }
 
 async fn create_with_status(

@@ -1,41 +1,32 @@
 //! restatus keeps the `status` of Kubernetes objects safe across cluster moves and disasters.
 //!
-//! The backup pipeline reads top-down through the modules:
+//! Layers, top to bottom (a module imports only from layers below it; see
+//! `docs/ARCHITECTURE.md`):
 //!
-//! * [`capture`]: list each kind of the [`identity::Profile`] page by page (Kubernetes edge);
-//! * [`object`] and [`identity`]: view a raw object and derive its UID-independent keys (pure);
-//! * [`format`]: turn objects into [`format::Record`]s, stream them through zstd and sha256,
-//!   and describe the snapshot in a [`format::Manifest`] (pure);
-//! * [`store`]: lay payload and manifest out in an object store, manifest last (object-store edge);
-//! * [`backup`]: the pipeline that ties these together;
-//! * [`retention`] and [`schedule`]: which snapshots to delete, and when to take the next one (pure).
+//! * flows: [`controller`] (watch-driven restore) and [`moving`] (preflight, move handshake)
+//!   on top of [`backup`] (capture → encode → store, schedule) and [`restore`]
+//!   (choose → read live → plan → apply → check pairing);
+//! * edges: [`k8s`] (clients, listing, writes, events, leader election) and [`store`]
+//!   (object store layout, snapshot choice, retention);
+//! * pure: [`domain`] (raw objects, identity keys, annotations, pairing, capture verdicts,
+//!   live objects) and [`format`] (records, manifest, payload).
 //!
-//! The restore pipeline: [`restore`] chooses and verifies a snapshot (load → verify), [`plan`]
-//! decides per object (pure), [`apply`] writes (Kubernetes edge); [`pairing`] checks the result.
-//! [`controller`] runs the same plan per watch event, with [`leader`] election and [`metrics`].
+//! [`fleet`] makes sample fleets for the demo, tests and benchmarks.
 
-pub mod apply;
 pub mod backup;
-pub mod capture;
 pub mod controller;
+pub mod domain;
 pub mod error;
 pub mod fleet;
 pub mod format;
-pub mod handshake;
-pub mod identity;
-pub mod kubeconfig;
-pub mod leader;
-pub mod metrics;
-pub mod object;
-pub mod output;
-pub mod pairing;
-pub mod plan;
-pub mod preflight;
+pub mod k8s;
+pub mod moving;
 pub mod restore;
-pub mod retention;
-pub mod schedule;
 pub mod store;
 pub mod telemetry;
+
+#[cfg(test)]
+pub(crate) mod fixtures;
 
 pub use error::{Error, Result};
 

@@ -6,11 +6,11 @@ use jiff::Timestamp;
 use object_store::{ObjectStoreExt, PutPayload};
 use proptest::prelude::*;
 use restatus::Error;
-use restatus::capture::CaptureSummary;
+use restatus::domain::identity::IdentityKey;
+use restatus::format::CaptureSummary;
 use restatus::format::{Manifest, PayloadEncoder, Record, SnapshotId};
-use restatus::identity::IdentityKey;
-use restatus::retention::{self, RetentionPolicy};
 use restatus::store::SnapshotStore;
+use restatus::store::retention::{self, RetentionPolicy};
 use serde_json::value::RawValue;
 
 fn store(cluster: &str) -> SnapshotStore {
@@ -47,12 +47,7 @@ fn encode(records: &[Record]) -> (Vec<u8>, restatus::format::PayloadSummary) {
 }
 
 fn empty_capture() -> CaptureSummary {
-    CaptureSummary {
-        kinds: vec![],
-        skipped: vec![],
-        conflicts: vec![],
-        consistency: restatus::capture::judge(&Default::default(), vec![], &[], 1),
-    }
+    CaptureSummary::empty()
 }
 
 /// Writes a snapshot the way a backup does: payload, then manifest.

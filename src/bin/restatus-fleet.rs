@@ -37,7 +37,7 @@ struct Args {
 async fn main() -> Result<()> {
     restatus::telemetry::init(restatus::telemetry::LogFormat::Plain);
     let args = Args::parse();
-    let client = restatus::kubeconfig::client(args.kubeconfig.as_deref(), None).await?;
+    let client = restatus::k8s::client(args.kubeconfig.as_deref(), None).await?;
     let spec = FleetSpec {
         with_status: !args.no_status,
         quiesced: args.quiesced,

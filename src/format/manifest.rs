@@ -95,6 +95,32 @@ pub struct Consistency {
 impl Consistency {
     /// Reasons kept in a manifest: enough to act on, few enough to keep manifests small.
     pub const MAX_REASONS: usize = 100;
+
+    /// "N reasons, first: OBJECT: REASON", for logs, Events and errors.
+    pub fn summary(&self) -> String {
+        match self.reasons.first() {
+            Some(first) => format!("{} reasons, first: {}: {}", self.reason_count, first.object, first.reason),
+            None => format!("{} reasons", self.reason_count),
+        }
+    }
+}
+
+/// What a capture saw, as the manifest records it: counts per kind, what was skipped, which
+/// keys collide, and the consistency verdict.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaptureSummary {
+    pub kinds: Vec<KindCount>,
+    pub skipped: Vec<Skipped>,
+    pub conflicts: Vec<KeyConflict>,
+    pub consistency: Consistency,
+}
+
+impl CaptureSummary {
+    /// A capture that saw nothing: consistent at the first attempt.
+    pub fn empty() -> Self {
+        let consistency = Consistency { consistent: true, attempts: 1, reasons: vec![], reason_count: 0 };
+        CaptureSummary { kinds: vec![], skipped: vec![], conflicts: vec![], consistency }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,7 +137,7 @@ impl Manifest {
         snapshot_id: SnapshotId,
         created_at: Timestamp,
         profile: &str,
-        capture: crate::capture::CaptureSummary,
+        capture: CaptureSummary,
         payload: super::PayloadSummary,
     ) -> Manifest {
         Manifest {

@@ -10,7 +10,8 @@ mod record;
 
 pub use id::SnapshotId;
 pub use manifest::{
-    Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest, ObjectRef, PayloadInfo, Skipped,
+    CaptureSummary, Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest, ObjectRef,
+    PayloadInfo, Skipped,
 };
 pub use payload::{PayloadEncoder, PayloadSummary, decode_records, verify_payload};
 pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, is_carried};

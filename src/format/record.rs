@@ -3,7 +3,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::identity::IdentityKey;
+use super::ObjectRef;
+use crate::domain::identity::IdentityKey;
 
 /// Annotation and label prefixes a record carries over from the live object: restatus's own
 /// bookkeeping and metal-operator's operation annotation (`ignore` must survive a restore).
@@ -48,29 +49,13 @@ impl Record {
         }
     }
 
+    /// The object the record was captured from.
+    pub fn object_ref(&self) -> ObjectRef {
+        ObjectRef { kind: self.kind.clone(), namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
     pub fn primary_key(&self) -> Option<&IdentityKey> {
         self.keys.first()
-    }
-}
-
-#[cfg(test)]
-impl Record {
-    /// A record of the metal-operator Server `name` for unit tests.
-    pub(crate) fn test_server(name: &str, keys: Vec<IdentityKey>, status: &str) -> Record {
-        Record {
-            api_version: "metal.ironcore.dev/v1alpha1".into(),
-            kind: "Server".into(),
-            namespace: None,
-            name: name.into(),
-            keys,
-            uid: None,
-            resource_version: None,
-            generation: None,
-            creation_timestamp: None,
-            labels: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-            status: RawValue::from_string(status.into()).expect("test status is JSON"),
-        }
     }
 }
 

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+use crate::domain::identity::KindProfile;
+use crate::domain::object::RawObject;
 use crate::format::ObjectRef;
-use crate::identity::KindProfile;
-use crate::object::RawObject;
 
 /// The API group whose Servers and ServerClaims pair up.
 pub const METAL_GROUP: &str = "metal.ironcore.dev";

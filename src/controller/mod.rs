@@ -8,7 +8,12 @@
 //! ambiguity is judged exactly as the one-shot plan judges it. The newest good snapshot is
 //! reloaded every `snapshot_refresh`; a new one makes every object dirty again.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+pub mod http;
+pub mod index;
+pub mod metrics;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,14 +23,18 @@ use kube::runtime::watcher;
 use tokio::sync::{RwLock, mpsc};
 use tracing::{debug, info, warn};
 
-use crate::apply::{Applier, Writer};
+use crate::domain::identity::{KindProfile, Profile};
+use crate::domain::live::LiveObject;
 use crate::format::{Manifest, Record};
-use crate::identity::{IdentityKey, KindProfile, Profile};
-use crate::metrics::Metrics;
-use crate::plan::{self, LiveObject, PlanInput, Verdict};
-use crate::restore::choose_snapshot;
-use crate::store::SnapshotStore;
+use crate::k8s::leader::Leadership;
+use crate::k8s::{Writer, api_for};
+use crate::moving::handshake::Handshake;
+use crate::restore::Applier;
+use crate::restore::plan::{self, PlanInput, Verdict};
+use crate::store::{SnapshotStore, choose_snapshot};
 use crate::{Error, Result};
+use index::{LiveIndex, SnapshotIndex};
+use metrics::Metrics;
 
 #[derive(Debug, Clone)]
 pub struct ControllerOptions {
@@ -77,77 +86,6 @@ impl Context {
     }
 }
 
-/// A loaded snapshot with its records indexed by (kind, key).
-struct SnapshotIndex {
-    manifest: Manifest,
-    records: Vec<Record>,
-    by_key: HashMap<(String, IdentityKey), Vec<usize>>,
-}
-
-impl SnapshotIndex {
-    fn new(manifest: Manifest, records: Vec<Record>) -> Self {
-        let mut by_key: HashMap<(String, IdentityKey), Vec<usize>> = HashMap::new();
-        for (i, record) in records.iter().enumerate() {
-            for key in &record.keys {
-                by_key.entry((record.kind.clone(), key.clone())).or_default().push(i);
-            }
-        }
-        SnapshotIndex { manifest, records, by_key }
-    }
-}
-
-/// Live objects by uid, and who carries which key.
-#[derive(Default)]
-struct LiveIndex {
-    objects: HashMap<String, LiveObject>,
-    by_key: HashMap<(String, IdentityKey), BTreeSet<String>>,
-}
-
-impl LiveIndex {
-    fn upsert(&mut self, object: LiveObject) {
-        self.remove(&object.uid);
-        for key in &object.keys {
-            self.by_key.entry((object.kind.clone(), key.clone())).or_default().insert(object.uid.clone());
-        }
-        self.objects.insert(object.uid.clone(), object);
-    }
-
-    fn remove(&mut self, uid: &str) {
-        if let Some(old) = self.objects.remove(uid) {
-            for key in &old.keys {
-                let slot = (old.kind.clone(), key.clone());
-                if let Some(uids) = self.by_key.get_mut(&slot) {
-                    uids.remove(uid);
-                    if uids.is_empty() {
-                        self.by_key.remove(&slot);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The planning input for one object: its candidate records, every record sharing their
-    /// primary keys, and every live object sharing any of those records' keys.
-    fn neighbourhood(&self, uid: &str, snapshot: &SnapshotIndex) -> Option<(Vec<Record>, Vec<LiveObject>)> {
-        let object = self.objects.get(uid)?;
-        let lookup = |key: &IdentityKey| snapshot.by_key.get(&(object.kind.clone(), key.clone()));
-        let mut records: BTreeSet<usize> = object.keys.iter().filter_map(lookup).flatten().copied().collect();
-        let primaries: Vec<&IdentityKey> = records.iter().filter_map(|&r| snapshot.records[r].primary_key()).collect();
-        let rivals: BTreeSet<usize> = primaries.into_iter().filter_map(lookup).flatten().copied().collect();
-        records.extend(rivals);
-        let mut uids: BTreeSet<&String> = BTreeSet::from([&object.uid]);
-        for &r in &records {
-            for key in &snapshot.records[r].keys {
-                if let Some(holders) = self.by_key.get(&(object.kind.clone(), key.clone())) {
-                    uids.extend(holders);
-                }
-            }
-        }
-        let live = uids.into_iter().filter_map(|u| self.objects.get(u).cloned()).collect();
-        Some((records.into_iter().map(|r| snapshot.records[r].clone()).collect(), live))
-    }
-}
-
 enum Change {
     Upsert(LiveObject),
     Delete(String),
@@ -180,7 +118,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                 }
             }
             change = rx.recv() => {
-                let Some(change) = change else { break Err(Error::Leader("every watch ended".into())) };
+                let Some(change) = change else { break Err(Error::WatchesEnded) };
                 let mut next = Some(change);
                 // Gather what arrives within the batch window, then act once.
                 let deadline = tokio::time::Instant::now() + ctx.options.batch_window;
@@ -294,7 +232,7 @@ async fn reconcile(
 
 /// Streams one kind's objects into the main loop.
 async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSender<Change>) {
-    let api = crate::fleet::api_for(&ctx.client, &kind, None);
+    let api = api_for(&ctx.client, &kind, None);
     let mut config = watcher::Config::default();
     if let Some(selector) = &ctx.options.selector {
         config = config.labels(selector);
@@ -328,121 +266,57 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until the process ends.
-pub async fn serve_http(ctx: Arc<Context>, addr: std::net::SocketAddr) -> Result<()> {
-    use axum::http::StatusCode;
-    use axum::routing::get;
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(|axum::extract::State(ctx): axum::extract::State<Arc<Context>>| async move { ctx.metrics.render() }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(|axum::extract::State(ctx): axum::extract::State<Arc<Context>>| async move {
-                if ctx.is_ready() { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready") }
-            }),
-        )
-        .with_state(ctx);
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::io(format!("listen on {addr}"), e))?;
-    info!(%addr, "serving /metrics, /healthz, /readyz");
-    axum::serve(listener, app).await.map_err(|e| Error::io("HTTP server", e))
+/// What this instance does while it leads.
+pub enum Role {
+    /// Restore status on the target of a move (or a rebuilt cluster).
+    Target,
+    /// Guard the source of a move: block clusterctl until a final consistent snapshot exists.
+    Source(Box<Handshake>),
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::format::SnapshotId;
+/// Where the controller serves and how it joins the leader election.
+#[derive(Debug, Clone)]
+pub struct Election {
+    /// Address of /metrics, /healthz and /readyz.
+    pub http_addr: SocketAddr,
+    pub lease_namespace: String,
+    pub lease_name: String,
+    /// This instance's identity in the election.
+    pub identity: String,
+}
 
-    fn key(v: &str) -> IdentityKey {
-        IdentityKey { field: "spec.systemUUID".into(), value: v.into() }
+/// Serves the HTTP endpoints, joins the election and, while leading, runs `role` until
+/// `shutdown` completes. Losing the lease is an error: a restart rejoins the election.
+pub async fn run_elected(
+    ctx: Arc<Context>,
+    role: Role,
+    election: &Election,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    tokio::pin!(shutdown);
+    let server = tokio::spawn(http::serve(ctx.clone(), election.http_addr));
+    let mut leadership =
+        Leadership::join(&ctx.client, &election.lease_namespace, &election.lease_name, &election.identity).await?;
+    tokio::select! {
+        _ = &mut shutdown => return Ok(()),
+        acquired = leadership.acquired() => acquired?,
     }
-
-    fn live(uid: &str, keys: &[&str]) -> LiveObject {
-        LiveObject {
-            kind: "Server".into(),
-            namespace: None,
-            name: format!("n-{uid}"),
-            uid: uid.into(),
-            resource_version: "1".into(),
-            keys: keys.iter().map(|k| key(k)).collect(),
-            status: None,
-            annotations: Default::default(),
-            status_written_at: None,
+    ctx.metrics.leader.set(1);
+    info!(identity = election.identity, "leading: controller running");
+    let work = async {
+        match role {
+            Role::Target => run(ctx.clone(), &mut shutdown).await,
+            Role::Source(handshake) => {
+                ctx.mark_ready();
+                handshake.run(&mut shutdown).await
+            }
         }
-    }
-
-    fn snapshot(keys: &[&str]) -> SnapshotIndex {
-        let records = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| Record::test_server(&format!("r{i}"), vec![key(k)], r#"{"state":"Reserved"}"#))
-            .collect();
-        let manifest_id = SnapshotId::new("2026-11-30T09:00:00Z".parse().unwrap());
-        let capture = crate::capture::CaptureSummary {
-            kinds: vec![],
-            skipped: vec![],
-            conflicts: vec![],
-            consistency: crate::capture::judge(&Default::default(), vec![], &[], 1),
-        };
-        let summary =
-            crate::format::PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0 };
-        let manifest = Manifest::new("c", manifest_id, "2026-11-30T09:00:00Z".parse().unwrap(), "t", capture, summary);
-        SnapshotIndex::new(manifest, records)
-    }
-
-    #[test]
-    fn the_neighbourhood_holds_the_object_its_records_and_key_rivals() {
-        let mut index = LiveIndex::default();
-        index.upsert(live("a", &["k1"]));
-        index.upsert(live("b", &["k1"]));
-        index.upsert(live("c", &["k2"]));
-        let snap = snapshot(&["k1", "k2", "k3"]);
-        let (records, objects) = index.neighbourhood("a", &snap).unwrap();
-        assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["r0"]);
-        let mut uids: Vec<_> = objects.iter().map(|o| o.uid.as_str()).collect();
-        uids.sort();
-        assert_eq!(uids, ["a", "b"], "b shares the key and makes the match ambiguous");
-    }
-
-    #[test]
-    fn upsert_replaces_old_keys_and_remove_forgets_them() {
-        let mut index = LiveIndex::default();
-        index.upsert(live("a", &["k1"]));
-        index.upsert(live("a", &["k2"]));
-        assert!(!index.by_key.contains_key(&("Server".to_string(), key("k1"))));
-        index.remove("a");
-        assert!(index.by_key.is_empty() && index.objects.is_empty());
-    }
-
-    #[test]
-    fn one_object_plans_like_the_whole_fleet() {
-        let mut index = LiveIndex::default();
-        for (uid, k) in [("a", "k1"), ("b", "k1"), ("c", "k2")] {
-            index.upsert(live(uid, &[k]));
-        }
-        let snap = snapshot(&["k1", "k2"]);
-        let profile = Profile::metal_operator();
-        let verdict_of = |uid: &str| {
-            let (records, objects) = index.neighbourhood(uid, &snap).unwrap();
-            let input = PlanInput {
-                profile: &profile,
-                snapshot: &snap.manifest.snapshot_id,
-                snapshot_time: snap.manifest.created_at,
-                records: &records,
-                live: &objects,
-                force: false,
-            };
-            plan::plan(&input)
-                .items
-                .into_iter()
-                .find(|i| {
-                    i.target.as_ref().is_some_and(|t| t.name == format!("n-{uid}")) || i.verdict == Verdict::Ambiguous
-                })
-                .map(|i| i.verdict)
-        };
-        assert_eq!(verdict_of("a"), Some(Verdict::Ambiguous));
-        assert_eq!(verdict_of("c"), Some(Verdict::Restore));
-    }
+    };
+    let result = tokio::select! {
+        result = work => result,
+        _ = leadership.lost() => Err(Error::Leader("leadership lost; exiting so that a restart rejoins the election".into())),
+    };
+    ctx.metrics.leader.set(0);
+    server.abort();
+    result
 }

@@ -16,34 +16,22 @@
 //!    cluster-scoped copies clusterctl leaves behind stay ignored: two metal-operators must
 //!    not drive the same hardware.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::backup::{self, BackupOptions};
-use crate::capture::{PageRequest, list_objects};
-use crate::fleet::api_for;
+use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION};
 use crate::format::Manifest;
-use crate::identity::KindProfile;
-use crate::plan::{self, OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION};
+use crate::k8s::{FIELD_MANAGER, api_for, events, list_objects};
+use crate::moving::cluster::{self, ClusterView};
 use crate::store::SnapshotStore;
 use crate::{Error, Result, TOOL_NAME};
-
-pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move";
-
-/// What the handshake knows of one CAPI Cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterState {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub paused: bool,
-    pub blocked_by_restatus: bool,
-}
 
 /// The handshake's memory between two steps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,34 +44,30 @@ pub struct Phase {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Put `block-move` on these Clusters.
-    Block(Vec<ClusterState>),
+    Block(Vec<ClusterView>),
     /// Clusters are paused and no final snapshot is taken yet: take it.
     FinalSnapshot,
     /// Final snapshot taken: let these paused Clusters go.
-    Unblock(Vec<ClusterState>),
+    Unblock(Vec<ClusterView>),
     /// The move was aborted: release restatus's `ignore`, then block again.
     Release,
     Nothing,
 }
 
-pub fn next_step(clusters: &[ClusterState], phase: &Phase) -> Step {
-    let paused: Vec<&ClusterState> = clusters.iter().filter(|c| c.paused).collect();
+pub fn next_step(clusters: &[ClusterView], phase: &Phase) -> Step {
+    let paused: Vec<&ClusterView> = clusters.iter().filter(|c| c.paused).collect();
     if !paused.is_empty() {
         if phase.final_snapshot.is_none() {
             return Step::FinalSnapshot;
         }
-        let blocked: Vec<ClusterState> = paused.into_iter().filter(|c| c.blocked_by_restatus).cloned().collect();
+        let blocked: Vec<ClusterView> = paused.into_iter().filter(|c| c.blocked_by_restatus).cloned().collect();
         return if blocked.is_empty() { Step::Nothing } else { Step::Unblock(blocked) };
     }
     if phase.final_snapshot.is_some() && !clusters.is_empty() {
         return Step::Release;
     }
-    let unblocked: Vec<ClusterState> = clusters.iter().filter(|c| !c.blocked_by_restatus).cloned().collect();
+    let unblocked: Vec<ClusterView> = clusters.iter().filter(|c| !c.blocked_by_restatus).cloned().collect();
     if unblocked.is_empty() { Step::Nothing } else { Step::Block(unblocked) }
-}
-
-fn cluster_kind() -> KindProfile {
-    KindProfile::cluster_api("Cluster", "clusters")
 }
 
 pub struct Handshake {
@@ -105,8 +89,7 @@ impl Handshake {
         interval: Duration,
         cluster_namespace: Option<String>,
     ) -> Self {
-        let reporter = Reporter { controller: TOOL_NAME.into(), instance: std::env::var("POD_NAME").ok() };
-        let recorder = Recorder::new(client.clone(), reporter);
+        let recorder = events::recorder(&client);
         Handshake { client, store, backup, interval, cluster_namespace, recorder }
     }
 
@@ -167,7 +150,7 @@ impl Handshake {
         Ok(())
     }
 
-    async fn unblock(&self, clusters: &[ClusterState], phase: &Phase) -> Result<()> {
+    async fn unblock(&self, clusters: &[ClusterView], phase: &Phase) -> Result<()> {
         for c in clusters {
             self.annotate_cluster(c, json!({ BLOCK_MOVE_ANNOTATION: null })).await?;
             info!(cluster = %format!("{}/{}", c.namespace, c.name), snapshot = ?phase.final_snapshot, "block-move removed: the move may proceed");
@@ -175,28 +158,13 @@ impl Handshake {
         Ok(())
     }
 
-    async fn clusters(&self) -> Result<Vec<ClusterState>> {
-        let page = PageRequest { size: 500, selector: None, namespace: self.cluster_namespace.as_deref() };
-        let mut out = Vec::new();
-        list_objects(&self.client, &cluster_kind(), &page, |object| {
-            let annotations = object.meta.annotations.clone().unwrap_or_default();
-            out.push(ClusterState {
-                namespace: object.meta.namespace.as_deref().unwrap_or_default().to_string(),
-                name: object.meta.name.to_string(),
-                uid: object.meta.uid.as_deref().unwrap_or_default().to_string(),
-                paused: object.bool_at("spec.paused") == Some(true)
-                    || annotations.contains_key("cluster.x-k8s.io/paused"),
-                blocked_by_restatus: annotations.get(BLOCK_MOVE_ANNOTATION).map(String::as_str) == Some(TOOL_NAME),
-            });
-            Ok(())
-        })
-        .await?;
-        Ok(out)
+    async fn clusters(&self) -> Result<Vec<ClusterView>> {
+        cluster::clusters(&self.client, self.cluster_namespace.as_deref()).await
     }
 
-    async fn annotate_cluster(&self, c: &ClusterState, annotations: Value) -> Result<()> {
-        let api = api_for(&self.client, &cluster_kind(), Some(&c.namespace));
-        let params = PatchParams { field_manager: Some(TOOL_NAME.into()), ..Default::default() };
+    async fn annotate_cluster(&self, c: &ClusterView, annotations: Value) -> Result<()> {
+        let api = api_for(&self.client, &cluster::cluster_kind(), Some(&c.namespace));
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
         api.patch(&c.name, &params, &Patch::Merge(json!({"metadata": {"annotations": annotations}})))
             .await
             .map_err(|e| Error::kube(format!("annotate Cluster {}/{}", c.namespace, c.name), e))?;
@@ -205,22 +173,18 @@ impl Handshake {
 
     /// Sets restatus's `ignore` on every profile object not ignored already. Returns how many.
     async fn quiesce(&self) -> Result<usize> {
-        let body = json!({"metadata": {"annotations": plan::quiesce_annotations()}});
+        let body = json!({"metadata": {"annotations": annotations::quiesce_annotations()}});
         self.for_each_object(|annotations| !annotations.contains_key(OPERATION_ANNOTATION), body).await
     }
 
     /// Removes the `ignore` restatus set. Returns how many objects it touched.
     async fn release(&self) -> Result<usize> {
-        let body = json!({"metadata": {"annotations": plan::release_annotations()}});
+        let body = json!({"metadata": {"annotations": annotations::release_annotations()}});
         self.for_each_object(|annotations| annotations.contains_key(QUIESCED_BY_ANNOTATION), body).await
     }
 
-    async fn for_each_object(
-        &self,
-        wanted: impl Fn(&std::collections::BTreeMap<String, String>) -> bool,
-        body: Value,
-    ) -> Result<usize> {
-        let params = PatchParams { field_manager: Some(TOOL_NAME.into()), ..Default::default() };
+    async fn for_each_object(&self, wanted: impl Fn(&BTreeMap<String, String>) -> bool, body: Value) -> Result<usize> {
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
         let mut count = 0;
         for kind in self.backup.profile.kinds.iter().filter(|k| !k.is_denied()) {
             let mut targets: Vec<(Option<String>, String)> = Vec::new();
@@ -243,20 +207,11 @@ impl Handshake {
         Ok(count)
     }
 
-    async fn event(&self, c: &ClusterState, type_: EventType, reason: &str, note: String) {
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(cluster_kind().api_version()),
-            kind: Some("Cluster".into()),
-            name: Some(c.name.clone()),
-            namespace: Some(c.namespace.clone()),
-            uid: Some(c.uid.clone()),
-            ..Default::default()
-        };
+    async fn event(&self, c: &ClusterView, type_: EventType, reason: &str, note: String) {
+        let reference = events::reference(&cluster::cluster_kind(), Some(&c.namespace), &c.name, &c.uid);
         let event =
             Event { type_, reason: reason.into(), note: Some(note), action: "MoveHandshake".into(), secondary: None };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            warn!(error = %e, "could not record the handshake event");
-        }
+        events::publish(&self.recorder, &event, &reference).await;
     }
 }
 
@@ -268,14 +223,9 @@ fn final_note(manifest: &Manifest) -> String {
 }
 
 fn blocked_note(manifest: &Manifest) -> String {
-    let (count, first) = match &manifest.consistency {
-        Some(c) => {
-            (c.reason_count, c.reasons.first().map(|r| format!("{}: {}", r.object, r.reason)).unwrap_or_default())
-        }
-        None => (0, String::new()),
-    };
+    let summary = manifest.consistency.as_ref().map_or_else(|| "0 reasons".into(), |c| c.summary());
     format!(
-        "move blocked: final snapshot {} is inconsistent ({count} reasons, first: {first}); retrying. \
+        "move blocked: final snapshot {} is inconsistent ({summary}); retrying. \
          Override: kubectl annotate cluster <name> {BLOCK_MOVE_ANNOTATION}-",
         manifest.snapshot_id
     )
@@ -285,12 +235,14 @@ fn blocked_note(manifest: &Manifest) -> String {
 mod tests {
     use super::*;
 
-    fn cluster(name: &str, paused: bool, blocked: bool) -> ClusterState {
-        ClusterState {
+    fn cluster(name: &str, paused: bool, blocked: bool) -> ClusterView {
+        ClusterView {
             namespace: "ns".into(),
             name: name.into(),
             uid: name.into(),
             paused,
+            infrastructure_provisioned: true,
+            control_plane_initialized: true,
             blocked_by_restatus: blocked,
         }
     }
@@ -320,10 +272,7 @@ mod tests {
 
     #[test]
     fn the_blocked_note_says_why_and_how_to_override() {
-        let capture = crate::capture::CaptureSummary {
-            kinds: vec![],
-            skipped: vec![],
-            conflicts: vec![],
+        let capture = crate::format::CaptureSummary {
             consistency: crate::format::Consistency {
                 consistent: false,
                 attempts: 3,
@@ -337,6 +286,7 @@ mod tests {
                 }],
                 reason_count: 1,
             },
+            ..crate::format::CaptureSummary::empty()
         };
         let summary =
             crate::format::PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0 };

@@ -15,72 +15,23 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::runtime::watcher;
 use serde::Serialize;
-use serde_json::Value;
 use tracing::info;
 
-use crate::capture::{PageRequest, list_objects};
+use crate::backup::{self, BackupOptions};
+use crate::domain::identity::{IdentityKey, KindProfile, Profile};
+use crate::domain::live::LiveObject;
+use crate::domain::object::same_json;
 use crate::format::{Consistency, ObjectRef, Record};
-use crate::identity::{IdentityKey, KindProfile, Profile};
-use crate::object::RawObject;
-use crate::plan::LiveObject;
-use crate::restore::{choose_snapshot, read_live};
-use crate::store::SnapshotStore;
+use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, api_for};
+use crate::moving::cluster::{self, ClusterView, MachineView};
+use crate::restore::read_live;
+use crate::store::{SnapshotStore, choose_snapshot};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Blocker {
     pub object: ObjectRef,
     pub reason: String,
-}
-
-/// A CAPI Cluster as the move preflight sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterView {
-    pub namespace: String,
-    pub name: String,
-    pub paused: bool,
-    pub infrastructure_provisioned: bool,
-    pub control_plane_initialized: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MachineView {
-    pub namespace: String,
-    pub name: String,
-    pub node_ref: bool,
-}
-
-impl ClusterView {
-    /// Reads cluster.x-k8s.io/v1beta2 (and v1beta1) fields.
-    pub fn from_raw(object: &RawObject<'_>) -> Self {
-        let yes = |path: &str| object.bool_at(path) == Some(true);
-        ClusterView {
-            namespace: object.meta.namespace.as_deref().unwrap_or_default().to_string(),
-            name: object.meta.name.to_string(),
-            paused: yes("spec.paused"),
-            infrastructure_provisioned: yes("status.initialization.infrastructureProvisioned")
-                || yes("status.infrastructureReady"),
-            control_plane_initialized: yes("status.initialization.controlPlaneInitialized")
-                || condition_true(object, "ControlPlaneInitialized"),
-        }
-    }
-}
-
-fn condition_true(object: &RawObject<'_>, kind: &str) -> bool {
-    let Some(status) = object.field("status") else { return false };
-    let Ok(status) = serde_json::from_str::<Value>(status.get()) else { return false };
-    let conditions = status.get("conditions").and_then(Value::as_array).cloned().unwrap_or_default();
-    conditions.iter().any(|c| c["type"] == kind && c["status"] == "True")
-}
-
-impl MachineView {
-    pub fn from_raw(object: &RawObject<'_>) -> Self {
-        MachineView {
-            namespace: object.meta.namespace.as_deref().unwrap_or_default().to_string(),
-            name: object.meta.name.to_string(),
-            node_ref: object.string_at("status.nodeRef.name").is_some(),
-        }
-    }
 }
 
 /// Everything the verdict looks at.
@@ -138,7 +89,7 @@ pub fn stale_objects(snapshot: &str, records: &[Record], live: &[LiveObject]) ->
         let reason = match record {
             None => format!("has a status and is not in snapshot {snapshot}"),
             Some(record) => {
-                if object.status.as_deref().is_some_and(|s| crate::object::same_json(s, &record.status)) {
+                if object.status.as_deref().is_some_and(|s| same_json(s, &record.status)) {
                     continue;
                 }
                 format!("status changed after snapshot {snapshot}")
@@ -169,39 +120,56 @@ pub struct PreflightReport {
 
 /// Reads the source cluster (and the snapshot store for freshness) and evaluates.
 pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &PreflightOptions) -> Result<PreflightReport> {
-    let page = PageRequest { size: 500, selector: opts.selector.as_deref(), namespace: None };
+    let page = PageRequest { size: DEFAULT_PAGE_SIZE, selector: opts.selector.as_deref(), namespace: None };
     let live = read_live(client, &opts.profile, &page).await?;
-    let mut clusters = Vec::new();
-    let mut machines = Vec::new();
-    let capi = PageRequest { size: 500, selector: None, namespace: opts.cluster_namespace.as_deref() };
-    list_objects(client, &KindProfile::cluster_api("Cluster", "clusters"), &capi, |o| {
-        clusters.push(ClusterView::from_raw(o));
-        Ok(())
-    })
-    .await?;
-    list_objects(client, &KindProfile::cluster_api("Machine", "machines"), &capi, |o| {
-        machines.push(MachineView::from_raw(o));
-        Ok(())
-    })
-    .await?;
-    let (stale, snapshot) = if opts.freshness {
-        match choose_snapshot(store, None, false).await {
-            Ok(loaded) => {
-                let id = loaded.manifest.snapshot_id.to_string();
-                (Some(stale_objects(&id, &loaded.records, &live.objects)), Some(id))
-            }
-            Err(Error::NoGoodSnapshot { .. }) => {
-                let object = ObjectRef { kind: "Snapshot".into(), namespace: None, name: store.cluster_id().into() };
-                let blocker = Blocker { object, reason: format!("no consistent snapshot in {}", store.location()) };
-                (Some(vec![blocker]), None)
-            }
-            Err(e) => return Err(e),
-        }
-    } else {
-        (None, None)
+    let clusters = cluster::clusters(client, opts.cluster_namespace.as_deref()).await?;
+    let machines = cluster::machines(client, opts.cluster_namespace.as_deref()).await?;
+    let (stale, snapshot) = match opts.freshness {
+        true => freshness(store, &live.objects).await?,
+        false => (None, None),
     };
     let blockers = evaluate(&Observed { consistency: live.consistency, clusters, machines, stale });
     Ok(PreflightReport { ready: blockers.is_empty(), snapshot, blockers })
+}
+
+/// The objects whose status differs from the newest consistent snapshot, and its id.
+async fn freshness(store: &SnapshotStore, live: &[LiveObject]) -> Result<(Option<Vec<Blocker>>, Option<String>)> {
+    match choose_snapshot(store, None, false).await {
+        Ok(loaded) => {
+            let id = loaded.manifest.snapshot_id.to_string();
+            Ok((Some(stale_objects(&id, &loaded.records, live)), Some(id)))
+        }
+        Err(Error::NoGoodSnapshot { .. }) => {
+            let object = ObjectRef { kind: "Snapshot".into(), namespace: None, name: store.cluster_id().into() };
+            let blocker = Blocker { object, reason: format!("no consistent snapshot in {}", store.location()) };
+            Ok((Some(vec![blocker]), None))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `--snapshot-when-ready`: a ready cluster gets its snapshot now. The report names it, and
+/// turns not ready, with the snapshot's reasons, when that capture came out inconsistent.
+pub async fn snapshot_when_ready(
+    client: &kube::Client,
+    store: &SnapshotStore,
+    backup: &BackupOptions,
+    report: &mut PreflightReport,
+) -> Result<()> {
+    if !report.ready {
+        return Ok(());
+    }
+    let manifest = backup::run(client, store, backup).await?;
+    report.snapshot = Some(manifest.snapshot_id.to_string());
+    if let Some(c) = manifest.consistency.as_ref().filter(|c| !c.consistent) {
+        report.ready = false;
+        report.blockers = c
+            .reasons
+            .iter()
+            .map(|r| Blocker { object: r.object.clone(), reason: format!("snapshot inconsistent: {}", r.reason) })
+            .collect();
+    }
+    Ok(())
 }
 
 /// Re-evaluates whenever a watched kind changes (at most once a `settle`), until ready or
@@ -215,15 +183,11 @@ pub async fn wait(
     mut progress: impl FnMut(&PreflightReport),
 ) -> Result<PreflightReport> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut kinds: Vec<KindProfile> = opts.profile.kinds.iter().filter(|k| !k.is_denied()).cloned().collect();
-    kinds.extend([KindProfile::cluster_api("Cluster", "clusters"), KindProfile::cluster_api("Machine", "machines")]);
-    let streams = kinds.iter().map(|kind| {
-        let api = crate::fleet::api_for(
-            client,
-            kind,
-            opts.cluster_namespace.as_deref().filter(|_| kind.group == crate::identity::CAPI_GROUP),
-        );
-        watcher(api, watcher::Config::default()).map(|_| ()).boxed()
+    let profile_kinds = opts.profile.kinds.iter().filter(|k| !k.is_denied()).map(|k| (k.clone(), None));
+    let capi = [cluster::cluster_kind(), cluster::machine_kind()].map(|k| (k, opts.cluster_namespace.as_deref()));
+    let kinds: Vec<(KindProfile, Option<&str>)> = profile_kinds.chain(capi).collect();
+    let streams = kinds.iter().map(|(kind, namespace)| {
+        watcher(api_for(client, kind, *namespace), watcher::Config::default()).map(|_| ()).boxed()
     });
     let mut changes = futures::stream::select_all(streams);
     loop {
@@ -246,21 +210,23 @@ pub async fn wait(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{live, record, uuid};
     use crate::format::Inconsistency;
     use serde_json::json;
-    use serde_json::value::RawValue;
 
     fn consistent() -> Consistency {
-        crate::capture::judge(&Default::default(), vec![], &[], 1)
+        crate::format::CaptureSummary::empty().consistency
     }
 
     fn cluster(paused: bool, infra: bool, cp: bool) -> ClusterView {
         ClusterView {
             namespace: "capi".into(),
             name: "c1".into(),
+            uid: "u1".into(),
             paused,
             infrastructure_provisioned: infra,
             control_plane_initialized: cp,
+            blocked_by_restatus: false,
         }
     }
 
@@ -311,38 +277,13 @@ mod tests {
     }
 
     #[test]
-    fn cluster_views_read_v1beta2_and_v1beta1() {
-        let v1beta2 = r#"{"metadata":{"name":"c","namespace":"n"},"spec":{"paused":false},
-            "status":{"initialization":{"infrastructureProvisioned":true,"controlPlaneInitialized":true}}}"#;
-        let view = ClusterView::from_raw(&RawObject::parse(v1beta2).unwrap());
-        assert!(view.infrastructure_provisioned && view.control_plane_initialized && !view.paused);
-        let v1beta1 = r#"{"metadata":{"name":"c","namespace":"n"},"spec":{"paused":true},
-            "status":{"infrastructureReady":true,"conditions":[{"type":"ControlPlaneInitialized","status":"True"}]}}"#;
-        let view = ClusterView::from_raw(&RawObject::parse(v1beta1).unwrap());
-        assert!(view.infrastructure_provisioned && view.control_plane_initialized && view.paused);
-        let machine = r#"{"metadata":{"name":"m","namespace":"n"},"status":{"nodeRef":{"name":"node-1"}}}"#;
-        assert!(MachineView::from_raw(&RawObject::parse(machine).unwrap()).node_ref);
-    }
-
-    #[test]
     fn freshness_compares_live_status_with_the_snapshot() {
-        let key = IdentityKey { field: "spec.systemUUID".into(), value: "u".into() };
-        let record = Record::test_server("s", vec![key.clone()], r#"{"state":"Reserved"}"#);
-        let live = |name: &str, keys: Vec<IdentityKey>, status: Value| LiveObject {
-            kind: "Server".into(),
-            namespace: None,
-            name: name.into(),
-            uid: name.into(),
-            resource_version: "1".into(),
-            keys,
-            status: Some(RawValue::from_string(status.to_string()).unwrap()),
-            annotations: Default::default(),
-            status_written_at: None,
-        };
+        let key = uuid("u");
+        let record = record("Server", "s", std::slice::from_ref(&key), json!({"state": "Reserved"}));
         let objects = [
-            live("same", vec![key.clone()], json!({"state": "Reserved"})),
-            live("changed", vec![key], json!({"state": "Available"})),
-            live("new", vec![], json!({"state": "Available"})),
+            live("Server", "same", std::slice::from_ref(&key), Some(json!({"state": "Reserved"}))),
+            live("Server", "changed", &[key], Some(json!({"state": "Available"}))),
+            live("Server", "new", &[], Some(json!({"state": "Available"}))),
         ];
         let stale: Vec<String> =
             stale_objects("S1", &[record], &objects).iter().map(|b| format!("{}: {}", b.object, b.reason)).collect();

@@ -4,16 +4,20 @@
 //! payload upload has completed, with a create-only PUT. Any failure aborts the upload and
 //! leaves no manifest, so a half-written backup never looks complete.
 
+pub mod capture;
+pub mod schedule;
+
 use jiff::Timestamp;
 use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
-use crate::capture::{CaptureSummary, Collector, ListPage, PageRequest, fetch_page, parse_item, reasons};
-use crate::format::{Manifest, PayloadEncoder, SnapshotId};
-use crate::identity::{KindProfile, Profile};
+use crate::domain::identity::Profile;
+use crate::format::{CaptureSummary, Manifest, PayloadEncoder, SnapshotId};
+use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
+use capture::capture_into;
 
 #[derive(Debug, Clone)]
 pub struct BackupOptions {
@@ -37,7 +41,7 @@ impl BackupOptions {
     pub fn new(profile: Profile) -> Self {
         BackupOptions {
             profile,
-            page_size: 500,
+            page_size: DEFAULT_PAGE_SIZE,
             selector: None,
             zstd_level: 3,
             capture_attempts: 3,
@@ -69,9 +73,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
         };
         let capture = collector.finish(attempt);
         if !capture.consistency.consistent && attempt < opts.capture_attempts {
-            let first = &capture.consistency.reasons[0];
-            info!(attempt, reasons = capture.consistency.reasons.len(), example = %format!("{}: {}", first.object, first.reason),
-                "capture is inconsistent; capturing again");
+            info!(attempt, reasons = %capture.consistency.summary(), "capture is inconsistent; capturing again");
             let _ = upload.abort().await;
             tokio::time::sleep(opts.retry_delay).await;
             attempt += 1;
@@ -86,78 +88,6 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
         }
         return Ok(manifest);
     }
-}
-
-async fn capture_into(
-    client: &kube::Client,
-    id: &SnapshotId,
-    upload: &mut BufWriter,
-    opts: &BackupOptions,
-) -> Result<(PayloadEncoder, Collector)> {
-    let mut encoder = PayloadEncoder::new(opts.zstd_level).map_err(|e| Error::io("start zstd", e))?;
-    let mut collector = Collector::new();
-    for kind in &opts.profile.kinds {
-        collector.begin_kind(kind);
-        if kind.is_denied() {
-            warn!(kind = %kind.qualified_kind(), "profile names a kind that holds credentials; not captured");
-            collector.skip_kind(kind, reasons::SECRET_KIND);
-            continue;
-        }
-        // The next page is requested before this one is encoded, so the API server prepares
-        // it while restatus compresses: LIST and encoding overlap.
-        let mut next = Some(prefetch(client, kind, opts, None));
-        while let Some(fetch) = next.take() {
-            let Some(body) = fetch.await.map_err(|e| Error::io("LIST task", std::io::Error::other(e)))?? else {
-                warn!(kind = %kind.qualified_kind(), "kind not served by the API server; skipped");
-                collector.skip_kind(kind, reasons::NOT_SERVED);
-                break;
-            };
-            let page = ListPage::parse(kind, &body)?;
-            next = page.next().map(|token| prefetch(client, kind, opts, Some(token.to_string())));
-            if let Err(e) = encode_page(kind, &page, &mut collector, &mut encoder) {
-                next.inspect(|fetch| fetch.abort());
-                return Err(e);
-            }
-            // Upload what this page compressed to: memory holds about two pages and at most
-            // one upload part, whatever the number of objects.
-            let compressed = encoder.take_output();
-            if !compressed.is_empty() {
-                upload
-                    .write_all(&compressed)
-                    .await
-                    .map_err(|e| Error::io(format!("upload payload of snapshot {id}"), e))?;
-            }
-        }
-    }
-    Ok((encoder, collector))
-}
-
-fn prefetch(
-    client: &kube::Client,
-    kind: &KindProfile,
-    opts: &BackupOptions,
-    token: Option<String>,
-) -> tokio::task::JoinHandle<Result<Option<String>>> {
-    let (client, kind, size, selector) = (client.clone(), kind.clone(), opts.page_size, opts.selector.clone());
-    tokio::spawn(async move {
-        let page = PageRequest { size, selector: selector.as_deref(), namespace: None };
-        fetch_page(&client, &kind, &page, token.as_deref()).await
-    })
-}
-
-fn encode_page(
-    kind: &KindProfile,
-    page: &ListPage<'_>,
-    collector: &mut Collector,
-    encoder: &mut PayloadEncoder,
-) -> Result<()> {
-    for item in &page.items {
-        let object = parse_item(kind, item)?;
-        if let Some(record) = collector.add(kind, &object) {
-            encoder.push(&record).map_err(|e| Error::io(format!("encode {}", record.object_name()), e))?;
-        }
-    }
-    Ok(())
 }
 
 async fn finish(

@@ -2,8 +2,10 @@
 
 use serde::Serialize;
 
-use crate::format::Manifest;
-use crate::store::{SnapshotEntry, SnapshotStore};
+use restatus::format::{Manifest, ObjectRef};
+use restatus::moving::preflight::PreflightReport;
+use restatus::restore::{RestorePlan, RestoreReport};
+use restatus::store::{SnapshotEntry, SnapshotStore};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -167,7 +169,7 @@ pub fn manifest_text(m: &Manifest) -> String {
 }
 
 /// `preflight` as text: READY or NOT READY, then one line per blocking object.
-pub fn preflight_text(report: &crate::preflight::PreflightReport) -> String {
+pub fn preflight_text(report: &PreflightReport) -> String {
     let mut out = String::new();
     if report.ready {
         out += "READY: nothing blocks a move";
@@ -222,8 +224,8 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 /// A restore plan as a table; with `changes`, each restore is followed by its status diff.
-pub fn plan_table(plan: &crate::plan::RestorePlan, changes: bool) -> String {
-    let name = |o: &Option<crate::format::ObjectRef>| {
+pub fn plan_table(plan: &RestorePlan, changes: bool) -> String {
+    let name = |o: &Option<ObjectRef>| {
         o.as_ref()
             .map(|o| o.namespace.as_ref().map_or(o.name.clone(), |ns| format!("{ns}/{}", o.name)))
             .unwrap_or_default()
@@ -255,7 +257,7 @@ pub fn plan_table(plan: &crate::plan::RestorePlan, changes: bool) -> String {
 }
 
 /// The closing lines of a restore: counts, writes, failures, pairing.
-pub fn restore_summary(report: &crate::restore::RestoreReport) -> String {
+pub fn restore_summary(report: &RestoreReport) -> String {
     let mut out = String::new();
     for passed in &report.passed_over {
         out += &format!("skipped snapshot {}: {}\n", passed.snapshot, passed.reason);

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use crate::domain::identity::Profile;
 use crate::{Error, Result};
 
 pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube::Client> {
@@ -28,4 +29,14 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
     config.connect_timeout = Some(Duration::from_secs(10));
     config.read_timeout = Some(Duration::from_secs(60));
     kube::Client::try_from(config).map_err(|e| Error::kube("build client", e))
+}
+
+/// What every command that talks to a cluster starts from: its profile and a client.
+pub async fn connect(
+    profile: &str,
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<(Profile, kube::Client)> {
+    let profile = Profile::load(profile)?;
+    Ok((profile, client(kubeconfig, context).await?))
 }

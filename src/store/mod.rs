@@ -7,6 +7,9 @@
 //! <prefix>/<cluster-id>/<snapshot-id>/manifest.json       written last, create-only
 //! ```
 
+pub mod choose;
+pub mod retention;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +24,9 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, RetryConfig};
 use url::Url;
+
+pub use choose::{Loaded, Passed, choose_snapshot, resolve};
+pub use retention::{Deletion, RetentionPolicy};
 
 use crate::format::Record;
 use crate::format::{MANIFEST_FILE, Manifest, PAYLOAD_FILE, SnapshotId, decode_records, verify_payload};

@@ -1,20 +1,18 @@
-//! Capture: list each kind of the profile page by page and turn objects into records.
-//!
-//! [`Collector`] is the pure part (what becomes a record, what is skipped, which keys collide);
-//! [`fetch_page`] is the Kubernetes edge. Objects travel as raw JSON text: one page at a time
-//! is in memory, and `status` is copied, never parsed.
+//! Capture, the pure part: which listed objects become records, which are skipped and why,
+//! which keys collide, and whether the whole capture is consistent. The backup pipeline feeds
+//! it page by page; restore and preflight feed it the live objects for the same verdict.
+//! `status` is copied as raw JSON, never parsed.
 
 use std::collections::{BTreeMap, HashMap};
 
-use kube::api::ListParams;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::format::{Consistency, Inconsistency, KeyConflict, KindCount, ObjectRef, Record, Skipped, is_carried};
-use crate::identity::{IdentityKey, KindProfile};
-use crate::object::RawObject;
-use crate::pairing::{View, Views};
-use crate::{Error, Result};
+use crate::domain::identity::{IdentityKey, KindProfile};
+use crate::domain::object::RawObject;
+use crate::domain::pairing::{View, Views};
+use crate::format::{
+    CaptureSummary, Consistency, Inconsistency, KeyConflict, KindCount, ObjectRef, Record, Skipped, is_carried,
+};
 
 /// Why a kind or an object is not in the payload. Stable strings: they end up in manifests.
 pub mod reasons {
@@ -35,14 +33,6 @@ pub struct Collector {
     /// What the consistency verdict looks at.
     views: Views,
     transitional: Vec<Inconsistency>,
-}
-
-/// What the collector hands to the manifest.
-pub struct CaptureSummary {
-    pub kinds: Vec<KindCount>,
-    pub skipped: Vec<Skipped>,
-    pub conflicts: Vec<KeyConflict>,
-    pub consistency: Consistency,
 }
 
 impl Collector {
@@ -91,7 +81,7 @@ impl Collector {
     }
 
     /// Claim/server pairing violations among the objects added so far.
-    pub fn pairing(&self) -> Vec<crate::pairing::Violation> {
+    pub fn pairing(&self) -> Vec<crate::domain::pairing::Violation> {
         self.views.check()
     }
 
@@ -205,107 +195,10 @@ fn record_of(kind: &KindProfile, object: &RawObject<'_>, keys: Vec<IdentityKey>,
     }
 }
 
-/// One page of a LIST response, items left raw.
-#[derive(Deserialize)]
-pub struct ListPage<'a> {
-    #[serde(default)]
-    pub metadata: ListMeta,
-    #[serde(borrow, default)]
-    pub items: Vec<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-pub struct ListMeta {
-    #[serde(rename = "continue", default)]
-    pub continue_token: Option<String>,
-    #[serde(rename = "resourceVersion", default)]
-    pub resource_version: Option<String>,
-}
-
-impl<'a> ListPage<'a> {
-    pub fn parse(kind: &KindProfile, body: &'a str) -> Result<Self> {
-        serde_json::from_str(body).map_err(|e| Error::InvalidObject {
-            kind: kind.qualified_kind(),
-            name: "(list)".into(),
-            reason: format!("LIST response is not a list: {e}"),
-        })
-    }
-
-    pub fn next(&self) -> Option<&str> {
-        self.metadata.continue_token.as_deref().filter(|t| !t.is_empty())
-    }
-}
-
-/// How to page through a kind: page size, an optional label selector, and optionally one
-/// namespace (default: all namespaces).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PageRequest<'a> {
-    pub size: u32,
-    pub selector: Option<&'a str>,
-    pub namespace: Option<&'a str>,
-}
-
-/// Fetches one page of `kind` across all namespaces, continuing after `continue_token`.
-/// `None` when the API server does not serve the kind (no CRD): reported, not an error.
-pub async fn fetch_page(
-    client: &kube::Client,
-    kind: &KindProfile,
-    page: &PageRequest<'_>,
-    continue_token: Option<&str>,
-) -> Result<Option<String>> {
-    let context = || format!("list {}", kind.qualified_kind());
-    let mut params = ListParams::default().limit(page.size);
-    if let Some(selector) = page.selector {
-        params = params.labels(selector);
-    }
-    if let Some(token) = continue_token {
-        params = params.continue_token(token);
-    }
-    let request = kube::core::Request::new(kind.list_path_in(page.namespace))
-        .list(&params)
-        .map_err(|e| Error::kube(context(), kube::Error::BuildRequest(e)))?;
-    match client.request_text(request).await {
-        Ok(body) => Ok(Some(body)),
-        Err(kube::Error::Api(status)) if status.is_not_found() && continue_token.is_none() => Ok(None),
-        Err(e) => Err(Error::kube(context(), e)),
-    }
-}
-
-/// One item of a LIST response as a [`RawObject`], or an error naming its kind.
-pub fn parse_item<'a>(kind: &KindProfile, item: &'a RawValue) -> Result<RawObject<'a>> {
-    RawObject::parse(item.get()).map_err(|e| Error::InvalidObject {
-        kind: kind.qualified_kind(),
-        name: "(list item)".into(),
-        reason: e.to_string(),
-    })
-}
-
-/// Lists every object of `kind` page by page and hands each to `visit`, parsed as a
-/// [`RawObject`]. Returns false when the API server does not serve the kind.
-pub async fn list_objects(
-    client: &kube::Client,
-    kind: &KindProfile,
-    page: &PageRequest<'_>,
-    mut visit: impl FnMut(&RawObject<'_>) -> Result<()>,
-) -> Result<bool> {
-    let mut token: Option<String> = None;
-    loop {
-        let Some(body) = fetch_page(client, kind, page, token.as_deref()).await? else { return Ok(false) };
-        let list = ListPage::parse(kind, &body)?;
-        for item in &list.items {
-            visit(&parse_item(kind, item)?)?;
-        }
-        match list.next() {
-            Some(next) => token = Some(next.to_string()),
-            None => return Ok(true),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::Profile;
+    use crate::domain::identity::Profile;
 
     fn server(name: &str, uuid: &str, status: &str) -> String {
         format!(
@@ -368,21 +261,6 @@ mod tests {
         assert_eq!(conflict.key, "spec.systemUUID=same");
         let names: Vec<_> = conflict.objects.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
-    }
-
-    #[test]
-    fn list_page_exposes_items_and_continue_token() {
-        let profile = Profile::metal_operator();
-        let kind = profile.kind("Server").unwrap();
-        let body =
-            r#"{"kind":"ServerList","metadata":{"continue":"abc","resourceVersion":"9"},"items":[{"a":1},{"b":2}]}"#;
-        let page = ListPage::parse(kind, body).unwrap();
-        assert_eq!(page.items.len(), 2);
-        assert_eq!(page.next(), Some("abc"));
-        let last = ListPage::parse(kind, r#"{"metadata":{"continue":""},"items":[]}"#).unwrap();
-        assert_eq!(last.next(), None);
-        let err = ListPage::parse(kind, "<html>").err().unwrap().to_string();
-        assert!(err.contains("Server.metal.ironcore.dev") && err.contains("not a list"), "{err}");
     }
 
     fn consistency_of(objects: &[(&str, &str)]) -> Consistency {

@@ -16,91 +16,10 @@ use std::fmt;
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
-use serde_json::value::RawValue;
 
+use crate::domain::identity::{IdentityKey, KindProfile, Profile};
+use crate::domain::live::LiveObject;
 use crate::format::{ObjectRef, Record, SnapshotId};
-use crate::identity::{IdentityKey, KindProfile, Profile};
-use crate::object::RawObject;
-
-/// metal-operator's annotation that makes its controllers leave an object alone.
-pub const OPERATION_ANNOTATION: &str = "metal.ironcore.dev/operation";
-pub const OPERATION_IGNORE: &str = "ignore";
-/// Marks an `ignore` that restatus set, so that restatus never removes a user's own.
-pub const QUIESCED_BY_ANNOTATION: &str = "restatus.ironcore.dev/quiesced-by";
-/// Names the snapshot an object's status was restored from.
-pub const RESTORED_FROM_ANNOTATION: &str = "restatus.ironcore.dev/restored-from";
-
-/// The annotations with which restatus quiesces an object: metal-operator's `ignore`, marked
-/// as restatus's so that it is never mistaken for a user's.
-pub fn quiesce_annotations() -> serde_json::Map<String, Value> {
-    let mut annotations = serde_json::Map::new();
-    annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
-    annotations.insert(QUIESCED_BY_ANNOTATION.into(), crate::TOOL_NAME.into());
-    annotations
-}
-
-/// The merge-patch annotations that remove restatus's `ignore` (null deletes a key).
-pub fn release_annotations() -> serde_json::Map<String, Value> {
-    [OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION].into_iter().map(|k| (k.to_string(), Value::Null)).collect()
-}
-
-/// What restatus knows of a live object on the target.
-#[derive(Debug, Clone)]
-pub struct LiveObject {
-    pub kind: String,
-    pub namespace: Option<String>,
-    pub name: String,
-    pub uid: String,
-    pub resource_version: String,
-    pub keys: Vec<IdentityKey>,
-    /// The status as the API server sent it (parsed only when a decision needs it).
-    pub status: Option<Box<RawValue>>,
-    pub annotations: BTreeMap<String, String>,
-    /// When the status subresource was last written (managedFields), if known.
-    pub status_written_at: Option<Timestamp>,
-}
-
-impl LiveObject {
-    pub fn from_raw(kind: &KindProfile, object: &RawObject<'_>) -> Self {
-        let meta = &object.meta;
-        LiveObject {
-            kind: kind.kind.clone(),
-            namespace: meta.namespace.as_ref().map(|n| n.to_string()).filter(|n| !n.is_empty()),
-            name: meta.name.to_string(),
-            uid: meta.uid.as_deref().unwrap_or_default().to_string(),
-            resource_version: meta.resource_version.as_deref().unwrap_or_default().to_string(),
-            keys: kind.keys_of(object),
-            status: object.status().map(RawValue::to_owned),
-            annotations: meta.annotations.clone().unwrap_or_default(),
-            status_written_at: meta.status_written_at(),
-        }
-    }
-
-    /// The same view of an object that came through a typed API call or a watch.
-    pub fn from_dynamic(kind: &KindProfile, object: &kube::api::DynamicObject) -> Result<Self, serde_json::Error> {
-        let json = serde_json::to_string(object)?;
-        Ok(Self::from_raw(kind, &RawObject::parse(&json)?))
-    }
-
-    /// The status, parsed.
-    pub fn status_value(&self) -> Option<Value> {
-        self.status.as_deref().and_then(|s| serde_json::from_str(s.get()).ok())
-    }
-
-    pub fn object_ref(&self) -> ObjectRef {
-        ObjectRef { kind: self.kind.clone(), namespace: self.namespace.clone(), name: self.name.clone() }
-    }
-
-    /// `ignore` set by restatus (by any snapshot or run), which restatus may remove.
-    pub fn quiesced_by_restatus(&self) -> bool {
-        self.ignored() && self.annotations.contains_key(QUIESCED_BY_ANNOTATION)
-    }
-
-    /// metal-operator ignores this object, whoever asked for it.
-    pub fn ignored(&self) -> bool {
-        self.annotations.get(OPERATION_ANNOTATION).map(String::as_str) == Some(OPERATION_IGNORE)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -230,166 +149,216 @@ pub struct PlanInput<'a> {
 pub fn plan(input: &PlanInput<'_>) -> RestorePlan {
     let mut items = Vec::new();
     for kind in &input.profile.kinds {
-        plan_kind(input, kind, &mut items);
+        items.extend(plan_kind(input, kind));
     }
     RestorePlan { snapshot: input.snapshot.clone(), items }
 }
 
-fn plan_kind(input: &PlanInput<'_>, kind: &KindProfile, items: &mut Vec<PlanItem>) {
-    let records: Vec<usize> = (0..input.records.len()).filter(|&i| input.records[i].kind == kind.kind).collect();
-    let live: Vec<usize> = (0..input.live.len()).filter(|&i| input.live[i].kind == kind.kind).collect();
+/// How one record found (or did not find) its live object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Match<'a> {
+    /// No live object has any of the record's keys.
+    Missing,
+    /// The first of the record's keys that finds anything finds several live objects.
+    SeveralObjects { key: &'a IdentityKey, live: Vec<usize> },
+    /// One live object, but the record's primary key is carried by several records.
+    SharedKey { key: &'a IdentityKey, live: usize, records: usize },
+    /// Exactly one live object.
+    One { key: &'a IdentityKey, live: usize },
+}
 
+impl Match<'_> {
+    /// The live objects this match accounts for (they get no `not-in-snapshot` item).
+    fn live(&self) -> &[usize] {
+        match self {
+            Match::Missing => &[],
+            Match::SeveralObjects { live, .. } => live,
+            Match::SharedKey { live, .. } | Match::One { live, .. } => std::slice::from_ref(live),
+        }
+    }
+}
+
+/// One kind's items: matching first (records to live objects, by key), then a decision for
+/// each record matched to exactly one object, then the live objects nothing matched.
+fn plan_kind(input: &PlanInput<'_>, kind: &KindProfile) -> Vec<PlanItem> {
+    let records: Vec<usize> = (0..input.records.len()).filter(|&i| input.records[i].kind == kind.kind).collect();
+    let matches = match_records(input, kind, &records);
+    // Records per live object among the unique matches: two records reaching one object
+    // through different keys make both ambiguous.
+    let mut rivals: HashMap<usize, usize> = HashMap::new();
+    for (_, m) in &matches {
+        if let Match::One { live, .. } = m {
+            *rivals.entry(*live).or_default() += 1;
+        }
+    }
+    let mut matched = vec![false; input.live.len()];
+    let mut items = Vec::with_capacity(matches.len());
+    for (r, m) in &matches {
+        for &l in m.live() {
+            matched[l] = true;
+        }
+        let record_rivals = match m {
+            Match::One { live, .. } => rivals[live],
+            _ => 0,
+        };
+        items.push(record_item(input, kind, *r, m, record_rivals));
+    }
+    let unmatched = (0..input.live.len()).filter(|&l| input.live[l].kind == kind.kind && !matched[l]);
+    items.extend(unmatched.map(|l| unmatched_item(kind, l, &input.live[l])));
+    items
+}
+
+/// Matches each record (by index) to the live objects by the first of its keys that finds any.
+fn match_records<'a>(input: &PlanInput<'a>, kind: &KindProfile, records: &[usize]) -> Vec<(usize, Match<'a>)> {
     let mut by_key: HashMap<&IdentityKey, Vec<usize>> = HashMap::new();
-    for &l in &live {
-        for key in &input.live[l].keys {
+    for (l, object) in input.live.iter().enumerate().filter(|(_, o)| o.kind == kind.kind) {
+        for key in &object.keys {
             by_key.entry(key).or_default().push(l);
         }
     }
     let mut primaries: HashMap<&IdentityKey, usize> = HashMap::new();
-    for &r in &records {
-        if let Some(key) = input.records[r].primary_key() {
-            *primaries.entry(key).or_default() += 1;
-        }
+    for key in records.iter().filter_map(|&r| input.records[r].primary_key()) {
+        *primaries.entry(key).or_default() += 1;
     }
-
-    // First pass: match records to live objects by the first key that finds any.
-    let mut matches: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    let mut touched = vec![false; input.live.len()];
-    let mut pending: Vec<(usize, Option<usize>, PlanItem)> = Vec::new();
-    for &r in &records {
+    let match_one = |r: usize| {
         let record = &input.records[r];
-        let hit = record.keys.iter().find_map(|k| by_key.get(k).map(|ls| (k, ls)));
-        let base = PlanItem {
-            kind: kind.kind.clone(),
-            verdict: Verdict::MissingOnTarget,
-            key: record.primary_key().map(ToString::to_string),
-            target: None,
-            source: Some(ObjectRef {
-                kind: record.kind.clone(),
-                namespace: record.namespace.clone(),
-                name: record.name.clone(),
-            }),
-            reason: "no object on the target has any of the record's keys".into(),
-            forced: false,
-            changes: vec![],
-            release: false,
-            record: Some(r),
-            live: None,
+        let Some((key, live)) = record.keys.iter().find_map(|k| by_key.get(k).map(|ls| (k, ls))) else {
+            return Match::Missing;
         };
-        match hit {
-            None => pending.push((r, None, base)),
-            Some((key, ls)) if ls.len() > 1 => {
-                for &l in ls {
-                    touched[l] = true;
-                }
-                let names: Vec<String> = ls.iter().map(|&l| input.live[l].object_ref().to_string()).collect();
-                let reason = format!("key {key} matches {} objects on the target: {}", ls.len(), names.join(", "));
-                pending.push((
-                    r,
-                    None,
-                    PlanItem { verdict: Verdict::Ambiguous, key: Some(key.to_string()), reason, ..base },
-                ));
-            }
-            Some((key, ls)) => {
-                let l = ls[0];
-                touched[l] = true;
-                let in_snapshot = record.primary_key().map_or(1, |p| primaries[p]);
-                if in_snapshot > 1 {
-                    let reason = format!("key {key} is carried by {in_snapshot} records in the snapshot");
-                    let target = Some(input.live[l].object_ref());
-                    pending.push((
-                        r,
-                        Some(l),
-                        PlanItem { verdict: Verdict::Ambiguous, key: Some(key.to_string()), target, reason, ..base },
-                    ));
-                } else {
-                    matches.entry(l).or_default().push(r);
-                    pending.push((r, Some(l), PlanItem { key: Some(key.to_string()), ..base }));
-                }
-            }
+        if live.len() > 1 {
+            return Match::SeveralObjects { key, live: live.clone() };
         }
-    }
+        match record.primary_key().map_or(1, |p| primaries[p]) {
+            1 => Match::One { key, live: live[0] },
+            records => Match::SharedKey { key, live: live[0], records },
+        }
+    };
+    records.iter().map(|&r| (r, match_one(r))).collect()
+}
 
-    // Second pass: decide each record matched to exactly one live object.
-    for (r, l, mut item) in pending {
-        if let (Some(l), Verdict::MissingOnTarget) = (l, item.verdict) {
-            let object = &input.live[l];
+/// The item of record `r` given its match (`rivals`: records uniquely matching its object).
+fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: &Match<'_>, rivals: usize) -> PlanItem {
+    let record = &input.records[r];
+    let mut item = PlanItem {
+        kind: kind.kind.clone(),
+        verdict: Verdict::Ambiguous,
+        key: record.primary_key().map(ToString::to_string),
+        target: None,
+        source: Some(record.object_ref()),
+        reason: String::new(),
+        forced: false,
+        changes: vec![],
+        release: false,
+        record: Some(r),
+        live: None,
+    };
+    match m {
+        Match::Missing => {
+            item.verdict = Verdict::MissingOnTarget;
+            item.reason = "no object on the target has any of the record's keys".into();
+        }
+        Match::SeveralObjects { key, live } => {
+            let names: Vec<String> = live.iter().map(|&l| input.live[l].object_ref().to_string()).collect();
+            item.key = Some(key.to_string());
+            item.reason = format!("key {key} matches {} objects on the target: {}", live.len(), names.join(", "));
+        }
+        Match::SharedKey { key, live, records } => {
+            item.key = Some(key.to_string());
+            item.target = Some(input.live[*live].object_ref());
+            item.reason = format!("key {key} is carried by {records} records in the snapshot");
+        }
+        Match::One { key, live } => {
+            let object = &input.live[*live];
+            item.key = Some(key.to_string());
             item.target = Some(object.object_ref());
-            item.live = Some(l);
-            let rivals = &matches[&l];
-            if rivals.len() > 1 {
-                item.verdict = Verdict::Ambiguous;
-                item.reason = format!("{} records of the snapshot match this object", rivals.len());
+            item.live = Some(*live);
+            if rivals > 1 {
+                item.reason = format!("{rivals} records of the snapshot match this object");
             } else {
-                decide(input, kind, &input.records[r], object, &mut item);
+                // An object ignored on restatus's behalf is released whatever the verdict:
+                // its status is settled (restored, equal, or moved on and its controller has
+                // state to work from).
+                item.release = object.quiesced_by_restatus();
+                let decision = decide(kind, record, object, input.snapshot_time, input.force);
+                (item.verdict, item.reason, item.forced, item.changes) =
+                    (decision.verdict, decision.reason, decision.forced, decision.changes);
             }
         }
-        items.push(item);
     }
+    item
+}
 
-    for &l in &live {
-        if touched[l] {
-            continue;
-        }
-        let object = &input.live[l];
-        items.push(PlanItem {
-            kind: kind.kind.clone(),
-            verdict: Verdict::NotInSnapshot,
-            key: object.keys.first().map(ToString::to_string),
-            target: Some(object.object_ref()),
-            source: None,
-            reason: if object.keys.is_empty() {
-                "object has no identity key".into()
-            } else {
-                "no record has its keys".into()
-            },
-            forced: false,
-            changes: vec![],
-            // Nothing to restore: metal-operator may take over.
-            release: object.quiesced_by_restatus(),
-            record: None,
-            live: Some(l),
-        });
+/// A live object that no record matched.
+fn unmatched_item(kind: &KindProfile, l: usize, object: &LiveObject) -> PlanItem {
+    PlanItem {
+        kind: kind.kind.clone(),
+        verdict: Verdict::NotInSnapshot,
+        key: object.keys.first().map(ToString::to_string),
+        target: Some(object.object_ref()),
+        source: None,
+        reason: if object.keys.is_empty() { "object has no identity key" } else { "no record has its keys" }.into(),
+        forced: false,
+        changes: vec![],
+        // Nothing to restore: metal-operator may take over.
+        release: object.quiesced_by_restatus(),
+        record: None,
+        live: Some(l),
     }
 }
 
-/// The verdict for one record and its one live object.
-pub fn decide(input: &PlanInput<'_>, kind: &KindProfile, record: &Record, object: &LiveObject, item: &mut PlanItem) {
-    // An object ignored on restatus's behalf is released whatever the verdict: its status is
-    // settled (restored, equal, or moved on and its controller has state to work from).
-    item.release = object.quiesced_by_restatus();
+/// What to do with one record and its one live object, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub reason: String,
+    /// `--force` made this a restore.
+    pub forced: bool,
+    /// The fields a restore changes (empty unless the verdict is `restore`).
+    pub changes: Vec<FieldChange>,
+}
+
+impl Decision {
+    fn new(verdict: Verdict, reason: impl Into<String>) -> Self {
+        Decision { verdict, reason: reason.into(), forced: false, changes: vec![] }
+    }
+}
+
+/// The decision for one record and its one live object: restore when the live status is
+/// empty, initial or older than the snapshot (or `force`); equal needs nothing; a status
+/// that moved on is skipped.
+pub fn decide(
+    kind: &KindProfile,
+    record: &Record,
+    object: &LiveObject,
+    snapshot_time: Timestamp,
+    force: bool,
+) -> Decision {
+    let equal = || Decision::new(Verdict::AlreadyEqual, "live status equals the snapshot");
     if object.status.as_deref().is_some_and(|s| s.get() == record.status.get()) {
-        (item.verdict, item.forced, item.changes) = (Verdict::AlreadyEqual, false, vec![]);
-        item.reason = "live status equals the snapshot".into();
-        return;
+        return equal();
     }
     let wanted: Value = serde_json::from_str(record.status.get()).unwrap_or(Value::Null);
     let live = object.status_value();
-    item.changes = diff(live.as_ref(), &wanted);
-    let (verdict, reason, forced) = if live.as_ref() == Some(&wanted) {
-        (Verdict::AlreadyEqual, "live status equals the snapshot".to_string(), false)
+    let restore =
+        |reason: &str| Decision { changes: diff(live.as_ref(), &wanted), ..Decision::new(Verdict::Restore, reason) };
+    if live.as_ref() == Some(&wanted) {
+        equal()
     } else if live.is_none() {
-        (Verdict::Restore, "live status is empty".into(), false)
+        restore("live status is empty")
     } else if kind.is_initial_status(live.as_ref()) {
-        (Verdict::Restore, "live status is still initial".into(), false)
-    } else if object.status_written_at.is_some_and(|t| written_before(t, input.snapshot_time)) {
-        (Verdict::Restore, "live status was last written before the snapshot".into(), false)
+        restore("live status is still initial")
+    } else if object.status_written_at.is_some_and(|t| written_before(t, snapshot_time)) {
+        restore("live status was last written before the snapshot")
     } else {
         let when = match object.status_written_at {
             Some(t) => format!("written {t}, after the snapshot"),
             None => "write time unknown".into(),
         };
-        if input.force {
-            (Verdict::Restore, format!("--force: overwrites a live status that moved on ({when})"), true)
+        if force {
+            Decision { forced: true, ..restore(&format!("--force: overwrites a live status that moved on ({when})")) }
         } else {
-            (Verdict::SkipNewer, format!("live status moved on ({when}); --force overwrites it"), false)
+            Decision::new(Verdict::SkipNewer, format!("live status moved on ({when}); --force overwrites it"))
         }
-    };
-    item.verdict = verdict;
-    item.reason = reason;
-    item.forced = forced;
-    if verdict != Verdict::Restore {
-        item.changes.clear();
     }
 }
 
@@ -437,49 +406,11 @@ pub fn status_patch(live: Option<&Value>, record: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::annotations::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+    use crate::fixtures::{SNAPSHOT_TIME, key, live, record, ts};
     use serde_json::json;
-    use serde_json::value::RawValue;
 
-    fn ts(s: &str) -> Timestamp {
-        s.parse().unwrap()
-    }
-
-    const SNAP: &str = "2026-11-30T09:00:00Z";
-
-    fn key(field: &str, value: &str) -> IdentityKey {
-        IdentityKey { field: field.into(), value: value.into() }
-    }
-
-    fn record(kind: &str, name: &str, keys: &[IdentityKey], status: Value) -> Record {
-        Record {
-            api_version: "metal.ironcore.dev/v1alpha1".into(),
-            kind: kind.into(),
-            namespace: None,
-            name: name.into(),
-            keys: keys.to_vec(),
-            uid: Some(format!("src-{name}")),
-            resource_version: None,
-            generation: None,
-            creation_timestamp: None,
-            labels: Default::default(),
-            annotations: Default::default(),
-            status: RawValue::from_string(status.to_string()).unwrap(),
-        }
-    }
-
-    fn live(kind: &str, name: &str, keys: &[IdentityKey], status: Option<Value>) -> LiveObject {
-        LiveObject {
-            kind: kind.into(),
-            namespace: None,
-            name: name.into(),
-            uid: format!("dst-{name}"),
-            resource_version: "1".into(),
-            keys: keys.to_vec(),
-            status: status.map(|s| RawValue::from_string(s.to_string()).unwrap()),
-            annotations: Default::default(),
-            status_written_at: None,
-        }
-    }
+    const SNAP: &str = SNAPSHOT_TIME;
 
     fn run(records: &[Record], live: &[LiveObject], force: bool) -> RestorePlan {
         let profile = Profile::metal_operator();
@@ -702,21 +633,5 @@ mod tests {
         let live = json!({"state": "Initial", "powerState": "Off"});
         let patch = status_patch(Some(&live), &json!({"state": "Reserved"}));
         assert_eq!(patch, json!({"state": "Reserved", "powerState": null}));
-    }
-
-    #[test]
-    fn live_objects_read_keys_status_and_status_write_time() {
-        let profile = Profile::metal_operator();
-        let json = r#"{"metadata":{"name":"s","uid":"u","resourceVersion":"5",
-            "annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus"},
-            "managedFields":[{"manager":"a","operation":"Update","time":"2026-11-30T08:00:00Z"},
-                             {"manager":"m","operation":"Update","subresource":"status","time":"2026-11-30T08:30:00Z"},
-                             {"manager":"n","operation":"Update","subresource":"status","time":"2026-11-30T08:10:00Z"}]},
-            "spec":{"systemUUID":"ABC"},"status":{"state":"Available"}}"#;
-        let object = LiveObject::from_raw(profile.kind("Server").unwrap(), &RawObject::parse(json).unwrap());
-        assert_eq!(object.keys, [key("spec.systemUUID", "abc")]);
-        assert_eq!(object.status_value(), Some(json!({"state": "Available"})));
-        assert_eq!(object.status_written_at, Some(ts("2026-11-30T08:30:00Z")));
-        assert!(object.quiesced_by_restatus());
     }
 }

@@ -10,7 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::object::RawObject;
+use crate::domain::object::RawObject;
 
 /// The pseudo path of the namespace/name key.
 pub const NAMESPACED_NAME: &str = "namespace/name";

@@ -1,0 +1,221 @@
+//! The command line: what a person types (clap types) and what they read ([`output`]);
+//! [`commands`] turns each command into library calls. Binary side only.
+
+pub mod commands;
+pub mod output;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use restatus::format::SnapshotId;
+use restatus::k8s::DEFAULT_PAGE_SIZE;
+use restatus::store::DEFAULT_STORAGE;
+use restatus::store::RetentionPolicy;
+use restatus::telemetry::LogFormat;
+
+use output::OutputFormat;
+
+#[derive(Parser)]
+#[command(
+    name = "restatus",
+    version,
+    about = "Keeps the status of Kubernetes objects safe across cluster moves and disasters"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args)]
+pub struct Global {
+    /// Where snapshots live: s3://bucket/prefix, file:///path or memory://.
+    #[arg(long, env = "RESTATUS_STORAGE", default_value = DEFAULT_STORAGE, global = true)]
+    pub storage: String,
+    /// Names the cluster whose snapshots these are; several clusters can share a bucket.
+    #[arg(long, env = "RESTATUS_CLUSTER_ID", default_value = "default", global = true)]
+    pub cluster_id: String,
+    /// `metal-operator` (built in) or a profile file (YAML or JSON).
+    #[arg(long, env = "RESTATUS_PROFILE", default_value = "metal-operator", global = true)]
+    pub profile: String,
+    /// Only objects with these labels (a Kubernetes label selector, e.g. `site=fra1`).
+    #[arg(long, short = 'l', global = true)]
+    pub selector: Option<String>,
+    /// Kubeconfig file; default: KUBECONFIG, ~/.kube/config, or in-cluster.
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context.
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    #[arg(long, env = "RESTATUS_LOG_FORMAT", value_enum, default_value = "plain", global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Takes one snapshot now. Exits 0 only when its manifest is written.
+    Backup(BackupArgs),
+    /// Takes snapshots on a cron schedule, in-process, until SIGTERM or Ctrl-C.
+    Schedule {
+        /// Five-field cron expression in UTC, with Kubernetes CronJob semantics.
+        #[arg(long)]
+        cron: String,
+        #[command(flatten)]
+        backup: BackupArgs,
+    },
+    /// Reapplies status from the newest good snapshot to the objects of the target cluster.
+    Restore(RestoreArgs),
+    /// Restores status whenever an object of the profile appears or loses its status
+    /// (target cluster), with leader election and /metrics, /healthz, /readyz.
+    Controller(ControllerArgs),
+    /// Tells whether the cluster can be moved now (exit 0), or not and why (exit 1); exit 2
+    /// when it could not check. Run against the source cluster.
+    Preflight(PreflightArgs),
+    /// Lists, shows, verifies and prunes snapshots.
+    #[command(subcommand)]
+    Snapshots(SnapshotsCommand),
+}
+
+#[derive(Args, Clone)]
+pub struct BackupArgs {
+    /// Objects per LIST page.
+    #[arg(long, default_value_t = DEFAULT_PAGE_SIZE)]
+    pub page_size: u32,
+    /// Captures to take at most while they come out inconsistent; the last is written anyway,
+    /// marked inconsistent.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub capture_attempts: u32,
+    /// zstd level (1-19).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub zstd_level: i32,
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+}
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    /// Restore from this snapshot instead of the newest one that verifies.
+    #[arg(long)]
+    pub snapshot: Option<SnapshotId>,
+    /// Overwrite live statuses that moved on after the snapshot.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the plan, with the status fields each restore would write; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Also use snapshots whose capture was inconsistent.
+    #[arg(long)]
+    pub allow_inconsistent: bool,
+    /// Objects written at once.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Restore status on the target of a move (or a rebuilt cluster).
+    Target,
+    /// Guard the source of a move: block clusterctl until a final consistent snapshot exists.
+    Source,
+}
+
+#[derive(Args)]
+pub struct ControllerArgs {
+    #[arg(long, value_enum, default_value = "target")]
+    pub role: Role,
+    /// Source role: guard only the CAPI Clusters of this namespace (the one to move).
+    #[arg(long)]
+    pub cluster_namespace: Option<String>,
+    /// Source role: how often to look at the Clusters.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub http_addr: std::net::SocketAddr,
+    /// Namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "restatus")]
+    pub lease_namespace: String,
+    #[arg(long, default_value = "restatus-controller")]
+    pub lease_name: String,
+    /// This instance's identity in the election.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// How often to look for a newer snapshot.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub snapshot_refresh: Duration,
+    /// Overwrite live statuses that moved on after the snapshot.
+    #[arg(long)]
+    pub force: bool,
+    /// Also use snapshots whose capture was inconsistent.
+    #[arg(long)]
+    pub allow_inconsistent: bool,
+    /// Objects written at once.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+}
+
+#[derive(Args)]
+pub struct PreflightArgs {
+    /// Watch until the cluster is ready, showing what still blocks.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits before giving up (exit 1 with the remaining reasons).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Take a snapshot the moment the cluster is ready (then freshness is not a blocker).
+    #[arg(long)]
+    pub snapshot_when_ready: bool,
+    /// Check only the CAPI Clusters and Machines of this namespace (the one to move).
+    #[arg(long)]
+    pub cluster_namespace: Option<String>,
+    #[command(flatten)]
+    pub backup: BackupArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Args, Clone, Copy)]
+pub struct RetentionArgs {
+    /// After a successful backup, keep only the newest N complete snapshots.
+    #[arg(long)]
+    pub keep_last: Option<usize>,
+    /// After a successful backup, delete snapshots older than this (e.g. 7d, 12h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub max_age: Option<Duration>,
+}
+
+impl RetentionArgs {
+    pub fn policy(self) -> RetentionPolicy {
+        RetentionPolicy { keep_last: self.keep_last, max_age: self.max_age }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum SnapshotsCommand {
+    /// Lists this cluster's snapshots, newest first.
+    List(OutputArgs),
+    /// Shows a snapshot's manifest (ID or `latest`).
+    Show {
+        id: String,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Verifies a snapshot end to end: manifest, size, sha256, decompression, every record.
+    Verify {
+        id: String,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Applies retention now.
+    Prune(RetentionArgs),
+}
+
+#[derive(Args)]
+pub struct OutputArgs {
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+}

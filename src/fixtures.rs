@@ -1,0 +1,117 @@
+//! Fixtures shared by the unit tests: identity keys, records, live objects, manifests, and a
+//! scripted API server (tower-test) that plays the API server's side of a conversation.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::domain::identity::IdentityKey;
+use crate::domain::live::LiveObject;
+use crate::format::{CaptureSummary, Manifest, PayloadSummary, Record, SnapshotId};
+
+/// When the fixtures' snapshots were taken.
+pub const SNAPSHOT_TIME: &str = "2026-11-30T09:00:00Z";
+
+pub fn ts(s: &str) -> Timestamp {
+    s.parse().expect("a test timestamp")
+}
+
+pub fn key(field: &str, value: &str) -> IdentityKey {
+    IdentityKey { field: field.into(), value: value.into() }
+}
+
+/// A Server's primary key.
+pub fn uuid(value: &str) -> IdentityKey {
+    key("spec.systemUUID", value)
+}
+
+fn raw(json: &Value) -> Box<RawValue> {
+    RawValue::from_string(json.to_string()).expect("a test status is JSON")
+}
+
+/// A cluster-scoped metal-operator record of `kind`, captured from `name`.
+pub fn record(kind: &str, name: &str, keys: &[IdentityKey], status: Value) -> Record {
+    Record {
+        api_version: "metal.ironcore.dev/v1alpha1".into(),
+        kind: kind.into(),
+        namespace: None,
+        name: name.into(),
+        keys: keys.to_vec(),
+        uid: Some(format!("src-{name}")),
+        resource_version: None,
+        generation: None,
+        creation_timestamp: None,
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        status: raw(&status),
+    }
+}
+
+/// A live, cluster-scoped object of `kind` named `name` (its uid is its name), at
+/// resourceVersion 1.
+pub fn live(kind: &str, name: &str, keys: &[IdentityKey], status: Option<Value>) -> LiveObject {
+    LiveObject {
+        kind: kind.into(),
+        namespace: None,
+        name: name.into(),
+        uid: name.into(),
+        resource_version: "1".into(),
+        keys: keys.to_vec(),
+        status: status.as_ref().map(raw),
+        annotations: BTreeMap::new(),
+        status_written_at: None,
+    }
+}
+
+/// The manifest of a consistent snapshot of cluster `c` taken at `at`.
+pub fn manifest(id: SnapshotId, at: Timestamp) -> Manifest {
+    manifest_of(id, at, CaptureSummary::empty())
+}
+
+pub fn manifest_of(id: SnapshotId, at: Timestamp, capture: CaptureSummary) -> Manifest {
+    let payload = PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0 };
+    Manifest::new("c", id, at, "metal-operator", capture, payload)
+}
+
+/// A scripted API server: the test plays the API server's side, request by request.
+pub mod api {
+    use http::{Method, Request, Response, StatusCode};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
+    pub type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+    /// A client whose requests `Handle` answers.
+    pub fn client() -> (kube::Client, Handle) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        (kube::Client::new(service, "default"), handle)
+    }
+
+    /// Answers the next request with `code` and `answer`; returns its method, path and body.
+    pub async fn answer(api: &mut Handle, code: StatusCode, answer: String) -> (Method, String, Value) {
+        let (request, send) = api.next_request().await.expect("a request");
+        let (method, path) = (request.method().clone(), request.uri().path().to_string());
+        let body = request.into_body().collect_bytes().await.expect("request body");
+        send.send_response(Response::builder().status(code).body(Body::from(answer.into_bytes())).unwrap());
+        (method, path, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    /// Creates what is posted (an Event): answers with the request's own body.
+    pub async fn echo(api: &mut Handle) -> (Method, String) {
+        let (request, send) = api.next_request().await.expect("a request");
+        let (method, path) = (request.method().clone(), request.uri().path().to_string());
+        let body = request.into_body().collect_bytes().await.expect("request body");
+        send.send_response(Response::builder().status(StatusCode::CREATED).body(Body::from(body)).unwrap());
+        (method, path)
+    }
+
+    /// The API server's answer to a write on a stale resourceVersion.
+    pub fn conflict() -> String {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+               "message": "the object has been modified; please apply your changes to the latest version"})
+        .to_string()
+    }
+}

@@ -1,0 +1,27 @@
+//! The Kubernetes edge: clients, listing, writing, events and leader election. Every flow
+//! reaches the API server through here; nothing in this folder decides anything.
+
+pub mod client;
+pub mod events;
+pub mod leader;
+pub mod list;
+pub mod writer;
+
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind};
+
+use crate::domain::identity::KindProfile;
+
+pub use client::{client, connect};
+pub use list::{DEFAULT_PAGE_SIZE, PageRequest, list_objects};
+pub use writer::{FIELD_MANAGER, Writer};
+
+/// A dynamic API handle for `kind`: in `namespace` for a namespaced kind, else cluster-wide.
+pub fn api_for(client: &kube::Client, kind: &KindProfile, namespace: Option<&str>) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(&kind.group, &kind.version, &kind.kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &kind.plural);
+    match namespace {
+        Some(ns) if kind.namespaced => Api::namespaced_with(client.clone(), ns, &resource),
+        _ => Api::all_with(client.clone(), &resource),
+    }
+}

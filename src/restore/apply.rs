@@ -1,0 +1,507 @@
+//! Apply: writes the items of a [`RestorePlan`] to the target cluster (Kubernetes edge).
+//!
+//! Per object, a [`WriteSequence`]: quiesce metal-operator with its `ignore` annotation
+//! (unless the object is ignored already), write the record's status, then mark the object
+//! restored and remove restatus's `ignore`; an Event tells what happened. The first two writes
+//! carry the resourceVersion the decision was made on: when the object changed meanwhile, the
+//! write conflicts, the object is re-read and decided again, so a status that moved on after
+//! the plan is never overwritten. Each step is idempotent, so a rerun finishes whatever a
+//! crash interrupted.
+//!
+//! The status replaces the status subresource where the kind has one (found by discovery);
+//! the release then replaces the object as the API server answered that write, with only
+//! its annotations changed. Replacing costs the API server less than a merge patch, which
+//! re-encodes and merges the whole stored object first; the resourceVersion makes both
+//! replaces conditional, and a release whose object changed since falls back to a patch of
+//! the annotations alone. Kinds without a status subresource get their status by a merge
+//! patch of the object itself. Requests and answers stay raw JSON: restatus reads a handful
+//! of fields from each answer, never the whole object.
+
+use futures::{StreamExt, stream};
+use kube::runtime::events::{Event, EventType};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::domain::annotations::{self, OPERATION_ANNOTATION, OPERATION_IGNORE, RESTORED_FROM_ANNOTATION};
+use crate::domain::identity::{KindProfile, Profile};
+use crate::domain::live::LiveObject;
+use crate::domain::object::{self, RawObject};
+use crate::domain::pairing::View;
+use crate::format::{Manifest, ObjectRef, Record};
+use crate::k8s::Writer;
+use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
+use crate::{Error, Result};
+
+/// How often a conflicting status write is re-read, re-decided and retried.
+const CONFLICT_RETRIES: usize = 5;
+
+/// What happened to one written item.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcome {
+    pub object: ObjectRef,
+    /// The verdict finally applied (a conflict may turn `restore` into `skip-newer`).
+    pub verdict: Verdict,
+    pub writes: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The object's pairing side as the API server answered the last write.
+    #[serde(skip)]
+    pub after: Option<View>,
+}
+
+/// Applies plan items from one snapshot. Shared by the one-shot restore and the controller.
+pub struct Applier<'a> {
+    writer: &'a Writer,
+    profile: &'a Profile,
+    manifest: &'a Manifest,
+    records: &'a [Record],
+    force: bool,
+}
+
+impl<'a> Applier<'a> {
+    pub fn new(
+        writer: &'a Writer,
+        profile: &'a Profile,
+        manifest: &'a Manifest,
+        records: &'a [Record],
+        force: bool,
+    ) -> Self {
+        Applier { writer, profile, manifest, records, force }
+    }
+
+    /// Applies every writing item, kind by kind in plan order, `concurrency` objects at a time.
+    pub async fn apply(&self, plan: &RestorePlan, live: &[LiveObject], concurrency: usize) -> Vec<Outcome> {
+        let mut outcomes = Vec::new();
+        for kind in &self.profile.kinds {
+            let items = plan.items.iter().filter(|i| i.kind == kind.kind && i.writes());
+            let done: Vec<Outcome> = stream::iter(items)
+                .map(|item| self.apply_item(kind, item, live))
+                .buffer_unordered(concurrency.max(1))
+                .collect()
+                .await;
+            outcomes.extend(done);
+        }
+        outcomes
+    }
+
+    /// Applies one writing item (its live object is `live[item.live]`); never fails: an error
+    /// is part of the outcome.
+    pub async fn apply_item(&self, kind: &KindProfile, item: &PlanItem, live: &[LiveObject]) -> Outcome {
+        let Some(object) = item.live.and_then(|l| live.get(l)) else {
+            let object = item.target.clone().or_else(|| item.source.clone()).unwrap_or_else(|| ObjectRef {
+                kind: kind.kind.clone(),
+                namespace: None,
+                name: String::new(),
+            });
+            let error = Some("plan item without a live object: nothing to write".into());
+            return Outcome { object, verdict: item.verdict, writes: 0, error, after: None };
+        };
+        let record = item.record.and_then(|r| self.records.get(r));
+        let mut sequence = WriteSequence::new(self, kind, object);
+        let result = sequence.run(item, record).await;
+        let mut outcome = Outcome {
+            object: object.object_ref(),
+            verdict: sequence.verdict.unwrap_or(item.verdict),
+            writes: sequence.writes,
+            error: None,
+            after: None,
+        };
+        match result {
+            Ok(answer) => outcome.after = answer.as_deref().and_then(|json| pairing_view(kind, json)),
+            Err(Error::Kube { source: kube::Error::Api(status), .. }) if status.is_not_found() => {
+                info!(object = %outcome.object, "object deleted during the restore; nothing to do");
+                outcome.verdict = Verdict::MissingOnTarget;
+            }
+            Err(e) => {
+                warn!(object = %outcome.object, error = %e, "restore of object failed");
+                outcome.error = Some(e.to_string());
+            }
+        }
+        outcome
+    }
+}
+
+fn pairing_view(kind: &KindProfile, json: &str) -> Option<View> {
+    RawObject::parse(json).ok().and_then(|o| View::of(kind, &o))
+}
+
+/// One object's writes, in order: quiesce, write status, release. Holds the object as last
+/// seen, whether restatus owns its `ignore`, and how many writes were made.
+struct WriteSequence<'a> {
+    applier: &'a Applier<'a>,
+    kind: &'a KindProfile,
+    current: LiveObject,
+    owns_ignore: bool,
+    /// The verdict after a re-decision (a conflict may turn `restore` into `skip-newer`).
+    verdict: Option<Verdict>,
+    writes: usize,
+}
+
+impl<'a> WriteSequence<'a> {
+    fn new(applier: &'a Applier<'a>, kind: &'a KindProfile, object: &LiveObject) -> Self {
+        let owns_ignore = object.quiesced_by_restatus();
+        WriteSequence { applier, kind, current: object.clone(), owns_ignore, verdict: None, writes: 0 }
+    }
+
+    /// Restores (for a `restore` item), releases, and records an Event for a restore. Returns
+    /// the API server's answer to the last write, if any.
+    async fn run(&mut self, item: &PlanItem, record: Option<&Record>) -> Result<Option<String>> {
+        let mut written = None;
+        if item.verdict == Verdict::Restore {
+            let record = record.ok_or_else(|| self.invalid("restore item without a record".into()))?;
+            written = self.retry_on_conflict(record).await?;
+        }
+        let restored = written.is_some();
+        let mut changes = serde_json::Map::new();
+        if restored {
+            changes.insert(RESTORED_FROM_ANNOTATION.into(), self.applier.manifest.snapshot_id.as_str().into());
+        }
+        // Whatever the outcome, an ignore that restatus set is removed: the object's status is
+        // settled (restored, equal, or moved on) and metal-operator may take over.
+        if self.owns_ignore {
+            changes.extend(annotations::release_annotations());
+        }
+        let answer = match changes.is_empty() {
+            true => written,
+            false => Some(self.annotate(written.as_deref(), changes).await?),
+        };
+        if restored {
+            self.event(item).await;
+        }
+        Ok(answer)
+    }
+
+    /// Quiesces (unless the object is ignored already) and writes the record's status. On a
+    /// conflict the object is re-read and decided again; returns the answer to the status
+    /// write, or `None` when the object is no longer to be restored (see `verdict`).
+    async fn retry_on_conflict(&mut self, record: &Record) -> Result<Option<String>> {
+        for _ in 0..CONFLICT_RETRIES {
+            let result = match self.current.ignored() {
+                true => self.write_status(record).await?.map(Some),
+                false => self.quiesce().await.map(|()| None),
+            };
+            match result {
+                Ok(Some(answer)) => return Ok(Some(answer)),
+                Ok(None) => continue,
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    if self.decide_again(record).await? != Verdict::Restore {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(Error::kube(format!("restore {}", self.current.object_ref()), e)),
+            }
+        }
+        Err(Error::KeptChanging {
+            kind: self.kind.qualified_kind(),
+            name: self.current.name.clone(),
+            attempts: CONFLICT_RETRIES,
+        })
+    }
+
+    /// Sets restatus's `ignore` on the planned resourceVersion.
+    async fn quiesce(&mut self) -> std::result::Result<(), kube::Error> {
+        let body = json!({"metadata": {
+            "resourceVersion": self.current.resource_version,
+            "annotations": annotations::quiesce_annotations(),
+        }});
+        self.writes += 1;
+        let patched = self.applier.writer.merge_patch(self.kind, &self.current, None, &body).await?;
+        let version = RawObject::parse(&patched).ok().and_then(|o| o.meta.resource_version.map(|v| v.to_string()));
+        self.current.resource_version = version.unwrap_or_default();
+        self.current.annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+        self.owns_ignore = true;
+        Ok(())
+    }
+
+    /// Writes the record's status on the current resourceVersion. The outer error: the record
+    /// cannot be written (a damaged snapshot); the inner result: the API server's answer.
+    async fn write_status(&mut self, record: &Record) -> Result<std::result::Result<String, kube::Error>> {
+        let writer = self.applier.writer;
+        let corrupt =
+            |e| Error::corrupt(&self.applier.manifest.snapshot_id, format!("record {}: {e}", record.object_name()));
+        let answer = if writer.has_status_subresource(self.kind) {
+            let body = status_replacement(self.kind, &self.current, record).map_err(corrupt)?;
+            self.writes += 1;
+            writer.replace(self.kind, &self.current, Some("status"), body).await
+        } else {
+            let body = status_patch(&self.current, record).map_err(corrupt)?;
+            self.writes += 1;
+            writer.merge_patch(self.kind, &self.current, None, &body).await
+        };
+        Ok(answer)
+    }
+
+    /// Re-reads the object after a conflict and decides again. The new verdict is kept.
+    async fn decide_again(&mut self, record: &Record) -> Result<Verdict> {
+        let fresh = self.applier.writer.get(self.kind, &self.current).await?;
+        let fresh = RawObject::parse(&fresh).map_err(|e| self.invalid(e.to_string()))?;
+        self.current = LiveObject::from_raw(self.kind, &fresh);
+        let (manifest, force) = (self.applier.manifest, self.applier.force);
+        let verdict = plan::decide(self.kind, record, &self.current, manifest.created_at, force).verdict;
+        info!(object = %self.current.object_ref(), %verdict, "object changed during the restore; decided again");
+        self.verdict = Some(verdict);
+        Ok(verdict)
+    }
+
+    /// Writes restatus's annotation `changes` (null removes a key). Right after a status
+    /// write through the subresource, `written` (its answer) is the object as stored: it is
+    /// replaced with only its annotations changed, on that resourceVersion. When the object
+    /// changed since, or there was no such write, the annotations alone are patched.
+    async fn annotate(&mut self, written: Option<&str>, changes: serde_json::Map<String, Value>) -> Result<String> {
+        let writer = self.applier.writer;
+        let context = || format!("annotate {}", self.current.object_ref());
+        if let Some(written) = written.filter(|_| writer.has_status_subresource(self.kind)) {
+            let body = object::annotations_replaced(written, &changes)
+                .map_err(|e| self.invalid(format!("answer to the status write: {e}")))?;
+            self.writes += 1;
+            match writer.replace(self.kind, &self.current, None, body).await {
+                Ok(answer) => return Ok(answer),
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    info!(object = %self.current.object_ref(), "object changed after its status was written; patching the annotations");
+                }
+                Err(e) => return Err(Error::kube(context(), e)),
+            }
+        }
+        let body = json!({"metadata": {"annotations": changes}});
+        self.writes += 1;
+        writer.merge_patch(self.kind, &self.current, None, &body).await.map_err(|e| Error::kube(context(), e))
+    }
+
+    async fn event(&self, item: &PlanItem) {
+        let note = format!(
+            "status restored from snapshot {} ({}){}",
+            self.applier.manifest.snapshot_id,
+            item.reason,
+            item.source.as_ref().map(|s| format!("; captured from {s}")).unwrap_or_default()
+        );
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "StatusRestored".into(),
+            note: Some(note),
+            action: "RestoreStatus".into(),
+            secondary: None,
+        };
+        self.applier.writer.event(self.kind, &self.current, &event).await;
+    }
+
+    fn invalid(&self, reason: String) -> Error {
+        Error::InvalidObject { kind: self.kind.qualified_kind(), name: self.current.name.clone(), reason }
+    }
+}
+
+/// The status subresource's new content: exactly the record's status (its raw JSON, as
+/// is), on the resourceVersion the decision was made on. The API server takes nothing
+/// else from a status replace.
+fn status_replacement(kind: &KindProfile, current: &LiveObject, record: &Record) -> serde_json::Result<String> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Meta<'a> {
+        name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        namespace: Option<&'a str>,
+        resource_version: &'a str,
+    }
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Replacement<'a> {
+        api_version: String,
+        kind: &'a str,
+        metadata: Meta<'a>,
+        status: &'a RawValue,
+    }
+    let replacement = Replacement {
+        api_version: kind.api_version(),
+        kind: &kind.kind,
+        metadata: Meta {
+            name: &current.name,
+            namespace: current.namespace.as_deref(),
+            resource_version: &current.resource_version,
+        },
+        status: &record.status,
+    };
+    serde_json::to_string(&replacement)
+}
+
+/// For a kind without a status subresource: the merge patch of the object that leaves
+/// exactly the record's status, with the resourceVersion precondition. The record's raw
+/// JSON is carried as is when the live status is empty.
+fn status_patch(current: &LiveObject, record: &Record) -> serde_json::Result<Box<RawValue>> {
+    let status = match current.status_value() {
+        None => record.status.clone(),
+        Some(live) => {
+            let wanted: Value = serde_json::from_str(record.status.get())?;
+            serde_json::value::to_raw_value(&plan::status_patch(Some(&live), &wanted))?
+        }
+    };
+    let version = serde_json::to_string(&current.resource_version)?;
+    let body = format!(r#"{{"metadata":{{"resourceVersion":{version}}},"status":{}}}"#, status.get());
+    RawValue::from_string(body)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The apply step's writes against a scripted API server (tower-test): what each request
+    //! carries, and what happens when the object changed between two writes. That the writes
+    //! restore real objects is shown end to end on the test bed (e2e/restore.rs).
+
+    use std::future::Future;
+
+    use http::{Method, StatusCode};
+
+    use super::*;
+    use crate::domain::annotations::QUIESCED_BY_ANNOTATION;
+    use crate::fixtures::api::{self, Handle, answer, conflict, echo};
+    use crate::fixtures::{SNAPSHOT_TIME, live, manifest, record, ts, uuid};
+
+    const SERVER: &str = "/apis/metal.ironcore.dev/v1alpha1/servers/server-1";
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+    const SNAPSHOT: &str = "20261130T090000.000Z-0a1b2c";
+
+    fn server(resource_version: &str, annotations: Value, status: Value) -> String {
+        json!({
+            "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+            "metadata": {"name": "server-1", "uid": "u-1", "resourceVersion": resource_version,
+                         "finalizers": ["metal.ironcore.dev/server"], "annotations": annotations,
+                         "managedFields": [{"manager": "restatus", "operation": "Update"}]},
+            "spec": {"systemUUID": "UUID-1", "serverClaimRef": {"namespace": "a", "name": "claim-1"}},
+            "status": status,
+        })
+        .to_string()
+    }
+
+    fn wanted() -> Value {
+        json!({"state": "Reserved", "networkInterfaces": [{"name": "eth0", "macAddress": "aa:bb"}]})
+    }
+
+    fn quiesced() -> Value {
+        json!({OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: "restatus", "user": "kept"})
+    }
+
+    fn snapshot_id() -> String {
+        SNAPSHOT.into()
+    }
+
+    /// Restores `server-1`, which arrives bare (resourceVersion 1), while `script` plays the
+    /// API server; the script's assertions fail the test.
+    async fn restore_one<F, Fut>(script: F) -> Outcome
+    where
+        F: FnOnce(Handle) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (client, handle) = api::client();
+        let api_server = tokio::spawn(script(handle));
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let writer = Writer::scripted(client, &["Server"]);
+        let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
+        let records = [record("Server", "server-1", &[uuid("uuid-1")], wanted())];
+        let live = live("Server", "server-1", &[uuid("uuid-1")], None);
+        let applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        let item = PlanItem {
+            kind: "Server".into(),
+            verdict: Verdict::Restore,
+            key: Some(uuid("uuid-1").to_string()),
+            target: Some(live.object_ref()),
+            source: Some(records[0].object_ref()),
+            reason: "live status is empty".into(),
+            forced: false,
+            changes: vec![],
+            release: false,
+            record: Some(0),
+            live: Some(0),
+        };
+        let outcome = applier.apply_item(kind, &item, std::slice::from_ref(&live)).await;
+        drop(writer); // the script's next_request() ends instead of waiting for a request that never comes
+        api_server.await.expect("the scripted API server saw what it expected");
+        outcome
+    }
+
+    /// Quiesce (patch), status (replace of the subresource): the same in every test below.
+    async fn quiesce_and_replace_status(api: &mut Handle) {
+        let (method, path, body) = answer(api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+        assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
+        assert_eq!(
+            body,
+            json!({"metadata": {"resourceVersion": "1", "annotations": annotations::quiesce_annotations()}})
+        );
+
+        let (method, path, body) = answer(api, StatusCode::OK, server("3", quiesced(), wanted())).await;
+        assert_eq!((method, path.as_str()), (Method::PUT, format!("{SERVER}/status").as_str()));
+        let expected = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+                              "metadata": {"name": "server-1", "resourceVersion": "2"}, "status": wanted()});
+        assert_eq!(body, expected, "exactly the record's status, on the quiesced version");
+    }
+
+    #[tokio::test]
+    async fn the_release_replaces_the_object_as_written_with_only_annotations_changed() {
+        let outcome = restore_one(|mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", released.clone(), wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
+            let mut expected: Value = serde_json::from_str(&server("3", released, Value::Null)).unwrap();
+            expected.as_object_mut().unwrap().remove("status");
+            expected["metadata"].as_object_mut().unwrap().remove("managedFields");
+            assert_eq!(body, expected, "the answer to the status write, annotations changed, on its version");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
+        let Some(View::Server(after)) = outcome.after else { panic!("no pairing view: {:?}", outcome.after) };
+        assert_eq!(after.state, "Reserved");
+    }
+
+    #[tokio::test]
+    async fn a_release_whose_object_changed_since_the_status_write_patches_the_annotations() {
+        let outcome = restore_one(|mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            let (method, path, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
+            let released = json!({"user": "kept", "added": "meanwhile", RESTORED_FROM_ANNOTATION: snapshot_id()});
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("5", released, wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
+            let expected = json!({"metadata": {"annotations": {
+                OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, RESTORED_FROM_ANNOTATION: snapshot_id()}}});
+            assert_eq!(body, expected, "the annotations alone, whatever else changed");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 4, None));
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_answer_to_the_status_write_is_an_error_naming_the_object() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH);
+            let (method, _, _) = answer(&mut api, StatusCode::OK, "<html>proxy error</html>".into()).await;
+            assert_eq!(method, Method::PUT);
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes), (Verdict::Restore, 2));
+        let error = outcome.error.expect("an error");
+        assert!(error.contains("server-1") && error.contains("answer to the status write"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_status_that_moved_on_before_the_status_write_is_kept_and_released() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH);
+            let (method, _, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!(method, Method::PUT);
+            let moved_on = json!({"state": "Available", "powerState": "On"});
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), moved_on.clone())).await;
+            assert_eq!((method, path.as_str()), (Method::GET, SERVER), "re-read to decide again");
+            let (method, path, body) =
+                answer(&mut api, StatusCode::OK, server("4", json!({"user": "kept"}), moved_on)).await;
+            assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
+            assert_eq!(body, json!({"metadata": {"annotations": annotations::release_annotations()}}));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::SkipNewer, 3, None));
+    }
+}

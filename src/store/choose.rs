@@ -1,0 +1,86 @@
+//! Which snapshot to restore from: the pinned one, or the newest complete one that loads,
+//! verifies and (unless allowed otherwise) is consistent. A damaged or foreign snapshot is
+//! reported and passed over for the previous one; a store that cannot be read is an error.
+
+use serde::Serialize;
+use tracing::warn;
+
+use crate::format::{Manifest, Record, SnapshotId};
+use crate::store::SnapshotStore;
+use crate::{Error, Result};
+
+/// A snapshot that was passed over, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Passed {
+    pub snapshot: String,
+    pub reason: String,
+}
+
+/// A verified snapshot, ready to plan from.
+pub struct Loaded {
+    pub manifest: Manifest,
+    pub records: Vec<Record>,
+    pub passed_over: Vec<Passed>,
+}
+
+/// Loads the pinned snapshot, or the newest complete one that verifies and, unless
+/// `allow_inconsistent`, is consistent.
+pub async fn choose_snapshot(
+    store: &SnapshotStore,
+    pinned: Option<&SnapshotId>,
+    allow_inconsistent: bool,
+) -> Result<Loaded> {
+    let load = |id: SnapshotId| async move {
+        let mut records = Vec::new();
+        let manifest = store
+            .load(&id, |r| {
+                records.push(r);
+                Ok(())
+            })
+            .await?;
+        Ok::<_, Error>((manifest, records))
+    };
+    let inconsistent = |manifest: &Manifest| {
+        let summary = manifest.consistency.as_ref().map_or_else(|| "0 reasons".into(), |c| c.summary());
+        format!("inconsistent capture ({summary}); --allow-inconsistent uses it")
+    };
+    if let Some(id) = pinned {
+        let (manifest, records) = load(id.clone()).await?;
+        if !manifest.is_consistent() && !allow_inconsistent {
+            return Err(Error::Inconsistent { snapshot: id.to_string(), reason: inconsistent(&manifest) });
+        }
+        return Ok(Loaded { manifest, records, passed_over: vec![] });
+    }
+    let mut passed_over = Vec::new();
+    for entry in store.list().await?.into_iter().rev().filter(|e| e.complete) {
+        match load(entry.id.clone()).await {
+            Ok((manifest, _)) if !manifest.is_consistent() && !allow_inconsistent => {
+                warn!(snapshot = %entry.id, "snapshot is inconsistent; trying the previous one");
+                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: inconsistent(&manifest) });
+            }
+            Ok((manifest, records)) => return Ok(Loaded { manifest, records, passed_over }),
+            Err(e @ (Error::Store { .. } | Error::Io { .. })) => return Err(e),
+            Err(e) => {
+                warn!(snapshot = %entry.id, error = %e, "snapshot skipped; trying the previous one");
+                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
+            }
+        }
+    }
+    Err(Error::NoGoodSnapshot {
+        cluster: store.cluster_id().to_string(),
+        location: store.location().to_string(),
+        passed_over: passed_over.len(),
+    })
+}
+
+/// A snapshot id, or `latest`: the newest snapshot with a manifest.
+pub async fn resolve(store: &SnapshotStore, id: &str) -> Result<SnapshotId> {
+    if id != "latest" {
+        return id.parse();
+    }
+    let entries = store.list().await?;
+    entries.into_iter().rev().find(|e| e.complete).map(|e| e.id).ok_or_else(|| Error::NoSnapshot {
+        cluster: store.cluster_id().to_string(),
+        location: store.location().to_string(),
+    })
+}
