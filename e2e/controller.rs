@@ -212,3 +212,23 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
     let denied = servers.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
     assert!(matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403), "status patch: {denied:?}");
 }
+
+#[tokio::test]
+async fn a_metrics_port_that_cannot_be_bound_is_a_clear_error_at_start() {
+    let bed = Bed::get();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let storage = bed.storage("bind");
+    let started = Instant::now();
+    let out = bed.restatus_with(
+        &bed.target_kubeconfig,
+        &storage,
+        "bind",
+        &["controller", "--http-addr", &addr, "--lease-namespace", "default", "--lease-name", &unique("lease")],
+        &[],
+    );
+    assert!(!out.status.success(), "the controller must not run without its probes");
+    let err = stderr(&out);
+    assert!(err.contains(&format!("listen on {addr}")), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "it exits at start, not later");
+}

@@ -511,3 +511,38 @@ async fn a_kind_without_status_subresource_is_restored_through_the_object() {
     let again = restore();
     assert_eq!((again["writes"].as_u64(), &again["counts"]["already-equal"]), (Some(0), &json!(3)), "{again:#}");
 }
+
+/// metal-operator's operation annotation carries many values. A pending operation (`park`, a
+/// power reset) is put back exactly when restatus releases the object; the operator's own
+/// ignore values count as quiesced, are never removed, and their objects are restored too.
+#[tokio::test]
+async fn every_value_of_the_operators_operation_annotation_is_respected() {
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(4, 0).await;
+    let target = s.bed.target().await;
+    let servers = restatus::k8s::api_for(&target, Profile::metal_operator().kind("Server").unwrap(), None);
+    let values = ["park", "ForceOff", "ignore-child-and-self", "ignore-propagated"];
+    for (i, value) in values.iter().enumerate() {
+        let body = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: value}}});
+        servers.patch(&s.spec.server_name(i), &PatchParams::default(), &Patch::Merge(&body)).await.unwrap();
+    }
+    let report = s.report(&[]);
+    assert_eq!(count(&report, "restore"), 8, "{}", report["plan"]);
+
+    let source = s.source_state().await;
+    let target_state = s.target_state().await;
+    for (i, value) in values.iter().enumerate() {
+        let name = format!("Server {}", s.spec.server_name(i));
+        let (status, annotations) = &target_state[&name];
+        assert_eq!(status, &source[&name], "{name} restored");
+        assert_eq!(annotations.get(OPERATION_ANNOTATION).map(String::as_str), Some(*value), "{name}: {annotations:?}");
+        assert!(
+            !annotations.contains_key(QUIESCED_BY_ANNOTATION)
+                && !annotations.contains_key(restatus::domain::annotations::OPERATION_WAS_ANNOTATION),
+            "{name}: {annotations:?}"
+        );
+    }
+    // Servers already quiesced by the operator's own values: status and restored-from (2 writes);
+    // the other Servers and the BMCs: quiesce, status, release (3 writes).
+    assert_eq!(report["writes"], 2 * 2 + 2 * 3 + 4 * 3, "{}", report["outcomes"]);
+}

@@ -131,7 +131,7 @@ pub struct ControllerArgs {
     #[arg(long)]
     pub cluster_namespace: Option<String>,
     /// Source role: how often to look at the Clusters.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = positive_duration)]
     pub interval: Duration,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
@@ -145,7 +145,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// How often to look for a newer snapshot.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
     pub snapshot_refresh: Duration,
     /// Overwrite live statuses that moved on after the snapshot.
     #[arg(long)]
@@ -164,7 +164,7 @@ pub struct PreflightArgs {
     #[arg(long)]
     pub wait: bool,
     /// How long --wait waits before giving up (exit 1 with the remaining reasons).
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = positive_duration)]
     pub timeout: Duration,
     /// Take a snapshot the moment the cluster is ready (then freshness is not a blocker).
     #[arg(long)]
@@ -218,4 +218,31 @@ pub enum SnapshotsCommand {
 pub struct OutputArgs {
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: OutputFormat,
+}
+
+/// A duration greater than zero (`0s` would spin a loop or panic a timer).
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_durations_are_refused_before_anything_runs() {
+        for flags in [
+            &["restatus", "controller", "--snapshot-refresh", "0s"][..],
+            &["restatus", "controller", "--role", "source", "--interval", "0s"],
+            &["restatus", "preflight", "--wait", "--timeout", "0s"],
+        ] {
+            let err = Cli::try_parse_from(flags).err().expect("refused");
+            assert!(err.to_string().contains("must be greater than zero"), "{flags:?}: {err}");
+        }
+        assert!(Cli::try_parse_from(["restatus", "controller", "--snapshot-refresh", "1s"]).is_ok());
+    }
 }

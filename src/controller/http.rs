@@ -7,8 +7,16 @@ use tracing::info;
 use crate::controller::Context;
 use crate::{Error, Result};
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until the process ends.
-pub async fn serve(ctx: Arc<Context>, addr: std::net::SocketAddr) -> Result<()> {
+/// Binds the endpoints' address: a port that cannot be bound is an error at start, not a
+/// liveness probe that fails later.
+pub async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io(format!("listen on {addr} for /metrics, /healthz, /readyz"), e))
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
+pub async fn serve(ctx: Arc<Context>, listener: tokio::net::TcpListener) -> Result<()> {
     use axum::http::StatusCode;
     use axum::routing::get;
     let app = axum::Router::new()
@@ -24,7 +32,8 @@ pub async fn serve(ctx: Arc<Context>, addr: std::net::SocketAddr) -> Result<()> 
             }),
         )
         .with_state(ctx);
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::io(format!("listen on {addr}"), e))?;
-    info!(%addr, "serving /metrics, /healthz, /readyz");
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /metrics, /healthz, /readyz");
+    }
     axum::serve(listener, app).await.map_err(|e| Error::io("HTTP server", e))
 }

@@ -294,7 +294,7 @@ pub async fn run_elected(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     tokio::pin!(shutdown);
-    let server = tokio::spawn(http::serve(ctx.clone(), election.http_addr));
+    let server = tokio::spawn(http::serve(ctx.clone(), http::bind(election.http_addr).await?));
     let mut leadership =
         Leadership::join(&ctx.client, &election.lease_namespace, &election.lease_name, &election.identity).await?;
     tokio::select! {

@@ -1,31 +1,116 @@
 //! The annotations restatus reads and writes on other people's objects, in one leaf module:
 //! metal-operator's operation annotation, restatus's marks, and clusterctl's block-move.
 
-use serde_json::Value;
+use std::collections::BTreeMap;
 
-/// metal-operator's annotation that makes its controllers leave an object alone.
+use serde_json::{Map, Value};
+
+/// metal-operator's one annotation for requests to its controllers (v0.7.0: `ignore`,
+/// `ignore-child`, `ignore-child-and-self`, `ignore-propagated`, `retry`, `retry-propagated`,
+/// `park`, `unpark`, `rotate-credentials`, power resets, ...).
 pub const OPERATION_ANNOTATION: &str = "metal.ironcore.dev/operation";
 pub const OPERATION_IGNORE: &str = "ignore";
+/// The values with which metal-operator leaves the object itself alone (its
+/// `shouldIgnoreReconciliation`): restatus counts them as quiesced and never removes them.
+pub const QUIESCING_OPERATIONS: &[&str] = &["ignore", "ignore-child-and-self", "ignore-propagated"];
 /// Marks an `ignore` that restatus set, so that restatus never removes a user's own.
 pub const QUIESCED_BY_ANNOTATION: &str = "restatus.ironcore.dev/quiesced-by";
+/// The operation an object carried when restatus quiesced it (a pending `park`, `retry`, a
+/// power reset, ...): put back exactly on release.
+pub const OPERATION_WAS_ANNOTATION: &str = "restatus.ironcore.dev/operation-was";
 /// Names the snapshot an object's status was restored from.
 pub const RESTORED_FROM_ANNOTATION: &str = "restatus.ironcore.dev/restored-from";
 
-/// The annotations with which restatus quiesces an object: metal-operator's `ignore`, marked
-/// as restatus's so that it is never mistaken for a user's.
-pub fn quiesce_annotations() -> serde_json::Map<String, Value> {
-    let mut annotations = serde_json::Map::new();
-    annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
-    annotations.insert(QUIESCED_BY_ANNOTATION.into(), crate::TOOL_NAME.into());
-    annotations
+/// Whether metal-operator leaves an object with these annotations alone.
+pub fn is_quiesced(annotations: &BTreeMap<String, String>) -> bool {
+    annotations.get(OPERATION_ANNOTATION).is_some_and(|v| QUIESCING_OPERATIONS.contains(&v.as_str()))
 }
 
-/// The merge-patch annotations that remove restatus's `ignore` (null deletes a key).
-pub fn release_annotations() -> serde_json::Map<String, Value> {
-    [OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION].into_iter().map(|k| (k.to_string(), Value::Null)).collect()
+/// Whether the quiescing `ignore` on an object is restatus's own (and restatus may remove it).
+pub fn quiesced_by_restatus(annotations: &BTreeMap<String, String>) -> bool {
+    is_quiesced(annotations) && annotations.contains_key(QUIESCED_BY_ANNOTATION)
+}
+
+/// The merge-patch annotations with which restatus quiesces an object that `annotations`
+/// describe: metal-operator's `ignore`, marked as restatus's so that it is never mistaken for
+/// a user's, and any other operation value the object carried, kept for the release.
+pub fn quiesce_annotations(annotations: &BTreeMap<String, String>) -> Map<String, Value> {
+    let mut changes = Map::new();
+    changes.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+    changes.insert(QUIESCED_BY_ANNOTATION.into(), crate::TOOL_NAME.into());
+    if let Some(pending) = annotations.get(OPERATION_ANNOTATION) {
+        changes.insert(OPERATION_WAS_ANNOTATION.into(), pending.clone().into());
+    }
+    changes
+}
+
+/// The merge-patch annotations that remove restatus's `ignore` from an object that
+/// `annotations` describe (null deletes a key), putting back the operation it replaced.
+pub fn release_annotations(annotations: &BTreeMap<String, String>) -> Map<String, Value> {
+    let operation = annotations.get(OPERATION_WAS_ANNOTATION).map_or(Value::Null, |v| v.clone().into());
+    let mut changes = Map::new();
+    changes.insert(OPERATION_ANNOTATION.into(), operation);
+    changes.insert(QUIESCED_BY_ANNOTATION.into(), Value::Null);
+    changes.insert(OPERATION_WAS_ANNOTATION.into(), Value::Null);
+    changes
 }
 
 /// clusterctl waits while any moved object carries it (the move handshake sets it on Clusters).
 pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move";
 /// Cluster API's mark of a paused Cluster (besides `spec.paused`).
 pub const CAPI_PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn the_operators_own_ignore_values_count_as_quiesced() {
+        for value in QUIESCING_OPERATIONS {
+            assert!(is_quiesced(&annotations(&[(OPERATION_ANNOTATION, value)])), "{value}");
+        }
+        for value in ["ignore-child", "retry", "park", "unpark", "rotate-credentials", "ForceOff"] {
+            assert!(!is_quiesced(&annotations(&[(OPERATION_ANNOTATION, value)])), "{value}");
+        }
+        let users = annotations(&[(OPERATION_ANNOTATION, "ignore-child-and-self")]);
+        assert!(!quiesced_by_restatus(&users), "a user's ignore is never restatus's");
+    }
+
+    #[test]
+    fn a_pending_operation_is_kept_across_quiesce_and_release() {
+        let parked = annotations(&[(OPERATION_ANNOTATION, "park")]);
+        let quiesce = Value::Object(quiesce_annotations(&parked));
+        assert_eq!(
+            quiesce,
+            json!({OPERATION_ANNOTATION: "ignore", QUIESCED_BY_ANNOTATION: "restatus", OPERATION_WAS_ANNOTATION: "park"})
+        );
+        let quiesced = annotations(&[
+            (OPERATION_ANNOTATION, "ignore"),
+            (QUIESCED_BY_ANNOTATION, "restatus"),
+            (OPERATION_WAS_ANNOTATION, "park"),
+        ]);
+        let release = Value::Object(release_annotations(&quiesced));
+        assert_eq!(
+            release,
+            json!({OPERATION_ANNOTATION: "park", QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null})
+        );
+    }
+
+    #[test]
+    fn an_object_without_an_operation_is_released_bare() {
+        assert_eq!(
+            Value::Object(quiesce_annotations(&BTreeMap::new())),
+            json!({OPERATION_ANNOTATION: "ignore", QUIESCED_BY_ANNOTATION: "restatus"})
+        );
+        let ours = annotations(&[(OPERATION_ANNOTATION, "ignore"), (QUIESCED_BY_ANNOTATION, "restatus")]);
+        assert_eq!(
+            Value::Object(release_annotations(&ours)),
+            json!({OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null})
+        );
+    }
+}

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::domain::annotations::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+use crate::domain::annotations;
 use crate::domain::identity::{IdentityKey, KindProfile};
 use crate::domain::object::RawObject;
 use crate::format::ObjectRef;
@@ -62,12 +62,12 @@ impl LiveObject {
 
     /// `ignore` set by restatus (by any snapshot or run), which restatus may remove.
     pub fn quiesced_by_restatus(&self) -> bool {
-        self.ignored() && self.annotations.contains_key(QUIESCED_BY_ANNOTATION)
+        annotations::quiesced_by_restatus(&self.annotations)
     }
 
-    /// metal-operator ignores this object, whoever asked for it.
+    /// metal-operator leaves this object alone, whoever asked for it.
     pub fn ignored(&self) -> bool {
-        self.annotations.get(OPERATION_ANNOTATION).map(String::as_str) == Some(OPERATION_IGNORE)
+        annotations::is_quiesced(&self.annotations)
     }
 }
 

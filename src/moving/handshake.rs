@@ -22,11 +22,11 @@ use std::time::Duration;
 use jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tracing::{info, warn};
 
 use crate::backup::{self, BackupOptions};
-use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, OPERATION_ANNOTATION, QUIESCED_BY_ANNOTATION};
+use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, QUIESCED_BY_ANNOTATION};
 use crate::format::Manifest;
 use crate::k8s::{FIELD_MANAGER, api_for, events, list_objects};
 use crate::moving::cluster::{self, ClusterView};
@@ -171,32 +171,38 @@ impl Handshake {
         Ok(())
     }
 
-    /// Sets restatus's `ignore` on every profile object not ignored already. Returns how many.
+    /// Sets restatus's `ignore` on every profile object not quiesced already (keeping any
+    /// other operation value for the release). Returns how many.
     async fn quiesce(&self) -> Result<usize> {
-        let body = json!({"metadata": {"annotations": annotations::quiesce_annotations()}});
-        self.for_each_object(|annotations| !annotations.contains_key(OPERATION_ANNOTATION), body).await
+        self.for_each_object(|a| (!annotations::is_quiesced(a)).then(|| annotations::quiesce_annotations(a))).await
     }
 
-    /// Removes the `ignore` restatus set. Returns how many objects it touched.
+    /// Removes the `ignore` restatus set, putting back what it replaced. Returns how many.
     async fn release(&self) -> Result<usize> {
-        let body = json!({"metadata": {"annotations": annotations::release_annotations()}});
-        self.for_each_object(|annotations| annotations.contains_key(QUIESCED_BY_ANNOTATION), body).await
+        self.for_each_object(|a| a.contains_key(QUIESCED_BY_ANNOTATION).then(|| annotations::release_annotations(a)))
+            .await
     }
 
-    async fn for_each_object(&self, wanted: impl Fn(&BTreeMap<String, String>) -> bool, body: Value) -> Result<usize> {
+    /// Patches the annotations of every profile object for which `changes` has any.
+    async fn for_each_object(
+        &self,
+        changes: impl Fn(&BTreeMap<String, String>) -> Option<Map<String, Value>>,
+    ) -> Result<usize> {
         let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
         let mut count = 0;
         for kind in self.backup.profile.kinds.iter().filter(|k| !k.is_denied()) {
-            let mut targets: Vec<(Option<String>, String)> = Vec::new();
+            let mut targets: Vec<(Option<String>, String, Map<String, Value>)> = Vec::new();
             list_objects(&self.client, kind, &self.backup.page(), |object| {
-                if wanted(&object.meta.annotations.clone().unwrap_or_default()) {
-                    targets.push((object.meta.namespace.as_ref().map(|n| n.to_string()), object.meta.name.to_string()));
+                if let Some(changes) = changes(&object.meta.annotations.clone().unwrap_or_default()) {
+                    let namespace = object.meta.namespace.as_ref().map(|n| n.to_string());
+                    targets.push((namespace, object.meta.name.to_string(), changes));
                 }
                 Ok(())
             })
             .await?;
-            for (namespace, name) in targets {
+            for (namespace, name, changes) in targets {
                 let api = api_for(&self.client, kind, namespace.as_deref());
+                let body = json!({"metadata": {"annotations": changes}});
                 match api.patch(&name, &params, &Patch::Merge(&body)).await {
                     Ok(_) => count += 1,
                     Err(kube::Error::Api(s)) if s.is_not_found() => {}

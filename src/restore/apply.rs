@@ -24,7 +24,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use crate::domain::annotations::{self, OPERATION_ANNOTATION, OPERATION_IGNORE, RESTORED_FROM_ANNOTATION};
+use crate::domain::annotations::{self, RESTORED_FROM_ANNOTATION};
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
@@ -45,6 +45,9 @@ pub struct Outcome {
     /// The verdict finally applied (a conflict may turn `restore` into `skip-newer`).
     pub verdict: Verdict,
     pub writes: usize,
+    /// Why the verdict changed during the apply (the object changed after the plan).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// The object's pairing side as the API server answered the last write.
@@ -97,7 +100,7 @@ impl<'a> Applier<'a> {
                 name: String::new(),
             });
             let error = Some("plan item without a live object: nothing to write".into());
-            return Outcome { object, verdict: item.verdict, writes: 0, error, after: None };
+            return Outcome { object, verdict: item.verdict, writes: 0, reason: None, error, after: None };
         };
         let record = item.record.and_then(|r| self.records.get(r));
         let mut sequence = WriteSequence::new(self, kind, object);
@@ -106,6 +109,7 @@ impl<'a> Applier<'a> {
             object: object.object_ref(),
             verdict: sequence.verdict.unwrap_or(item.verdict),
             writes: sequence.writes,
+            reason: sequence.reason.take(),
             error: None,
             after: None,
         };
@@ -135,15 +139,17 @@ struct WriteSequence<'a> {
     kind: &'a KindProfile,
     current: LiveObject,
     owns_ignore: bool,
-    /// The verdict after a re-decision (a conflict may turn `restore` into `skip-newer`).
+    /// The verdict after a re-decision (a conflict may turn `restore` into `skip-newer`),
+    /// and why.
     verdict: Option<Verdict>,
+    reason: Option<String>,
     writes: usize,
 }
 
 impl<'a> WriteSequence<'a> {
     fn new(applier: &'a Applier<'a>, kind: &'a KindProfile, object: &LiveObject) -> Self {
         let owns_ignore = object.quiesced_by_restatus();
-        WriteSequence { applier, kind, current: object.clone(), owns_ignore, verdict: None, writes: 0 }
+        WriteSequence { applier, kind, current: object.clone(), owns_ignore, verdict: None, reason: None, writes: 0 }
     }
 
     /// Restores (for a `restore` item), releases, and records an Event for a restore. Returns
@@ -162,7 +168,7 @@ impl<'a> WriteSequence<'a> {
         // Whatever the outcome, an ignore that restatus set is removed: the object's status is
         // settled (restored, equal, or moved on) and metal-operator may take over.
         if self.owns_ignore {
-            changes.extend(annotations::release_annotations());
+            changes.extend(annotations::release_annotations(&self.current.annotations));
         }
         let answer = match changes.is_empty() {
             true => written,
@@ -203,15 +209,19 @@ impl<'a> WriteSequence<'a> {
 
     /// Sets restatus's `ignore` on the planned resourceVersion.
     async fn quiesce(&mut self) -> std::result::Result<(), kube::Error> {
+        let changes = annotations::quiesce_annotations(&self.current.annotations);
         let body = json!({"metadata": {
-            "resourceVersion": self.current.resource_version,
-            "annotations": annotations::quiesce_annotations(),
+            "uid": self.current.uid, "resourceVersion": self.current.resource_version, "annotations": changes,
         }});
         self.writes += 1;
         let patched = self.applier.writer.merge_patch(self.kind, &self.current, None, &body).await?;
         let version = RawObject::parse(&patched).ok().and_then(|o| o.meta.resource_version.map(|v| v.to_string()));
         self.current.resource_version = version.unwrap_or_default();
-        self.current.annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+        for (key, value) in changes {
+            if let Value::String(value) = value {
+                self.current.annotations.insert(key, value);
+            }
+        }
         self.owns_ignore = true;
         Ok(())
     }
@@ -234,16 +244,33 @@ impl<'a> WriteSequence<'a> {
         Ok(answer)
     }
 
-    /// Re-reads the object after a conflict and decides again. The new verdict is kept.
+    /// Re-reads the object after a conflict and decides again. The new verdict is kept. An
+    /// object recreated under the same name for another machine (none of the record's keys)
+    /// gets nothing: its status is another machine's business.
     async fn decide_again(&mut self, record: &Record) -> Result<Verdict> {
         let fresh = self.applier.writer.get(self.kind, &self.current).await?;
         let fresh = RawObject::parse(&fresh).map_err(|e| self.invalid(e.to_string()))?;
-        self.current = LiveObject::from_raw(self.kind, &fresh);
-        let (manifest, force) = (self.applier.manifest, self.applier.force);
-        let verdict = plan::decide(self.kind, record, &self.current, manifest.created_at, force).verdict;
-        info!(object = %self.current.object_ref(), %verdict, "object changed during the restore; decided again");
-        self.verdict = Some(verdict);
-        Ok(verdict)
+        let fresh = LiveObject::from_raw(self.kind, &fresh);
+        let decision = if record.keys.iter().any(|k| fresh.keys.contains(k)) {
+            let (manifest, force) = (self.applier.manifest, self.applier.force);
+            plan::decide(self.kind, record, &fresh, manifest.created_at, force)
+        } else {
+            let keys: Vec<String> = fresh.keys.iter().map(ToString::to_string).collect();
+            let reason = format!(
+                "recreated during the restore (uid {} -> {}) with none of the record's keys (now {})",
+                self.current.uid,
+                fresh.uid,
+                keys.join(", ")
+            );
+            plan::Decision { verdict: Verdict::MissingOnTarget, reason, forced: false, changes: vec![] }
+        };
+        info!(object = %fresh.object_ref(), verdict = %decision.verdict, reason = %decision.reason, "object changed during the restore; decided again");
+        // What restatus owns is what the object carries now.
+        self.owns_ignore = fresh.quiesced_by_restatus();
+        self.current = fresh;
+        self.verdict = Some(decision.verdict);
+        self.reason = Some(decision.reason);
+        Ok(decision.verdict)
     }
 
     /// Writes restatus's annotation `changes` (null removes a key). Right after a status
@@ -302,6 +329,7 @@ fn status_replacement(kind: &KindProfile, current: &LiveObject, record: &Record)
         name: &'a str,
         #[serde(skip_serializing_if = "Option::is_none")]
         namespace: Option<&'a str>,
+        uid: &'a str,
         resource_version: &'a str,
     }
     #[derive(Serialize)]
@@ -318,6 +346,7 @@ fn status_replacement(kind: &KindProfile, current: &LiveObject, record: &Record)
         metadata: Meta {
             name: &current.name,
             namespace: current.namespace.as_deref(),
+            uid: &current.uid,
             resource_version: &current.resource_version,
         },
         status: &record.status,
@@ -352,7 +381,9 @@ mod tests {
     use http::{Method, StatusCode};
 
     use super::*;
-    use crate::domain::annotations::QUIESCED_BY_ANNOTATION;
+    use crate::domain::annotations::{
+        OPERATION_ANNOTATION, OPERATION_IGNORE, OPERATION_WAS_ANNOTATION, QUIESCED_BY_ANNOTATION,
+    };
     use crate::fixtures::api::{self, Handle, answer, conflict, echo};
     use crate::fixtures::{SNAPSHOT_TIME, live, manifest, record, ts, uuid};
 
@@ -398,7 +429,7 @@ mod tests {
         let writer = Writer::scripted(client, &["Server"]);
         let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
         let records = [record("Server", "server-1", &[uuid("uuid-1")], wanted())];
-        let live = live("Server", "server-1", &[uuid("uuid-1")], None);
+        let live = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
         let applier = Applier::new(&writer, &profile, &manifest, &records, false);
         let item = PlanItem {
             kind: "Server".into(),
@@ -425,13 +456,13 @@ mod tests {
         assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
         assert_eq!(
             body,
-            json!({"metadata": {"resourceVersion": "1", "annotations": annotations::quiesce_annotations()}})
+            json!({"metadata": {"uid": "u-1", "resourceVersion": "1", "annotations": annotations::quiesce_annotations(&Default::default())}})
         );
 
         let (method, path, body) = answer(api, StatusCode::OK, server("3", quiesced(), wanted())).await;
         assert_eq!((method, path.as_str()), (Method::PUT, format!("{SERVER}/status").as_str()));
         let expected = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
-                              "metadata": {"name": "server-1", "resourceVersion": "2"}, "status": wanted()});
+                              "metadata": {"name": "server-1", "uid": "u-1", "resourceVersion": "2"}, "status": wanted()});
         assert_eq!(body, expected, "exactly the record's status, on the quiesced version");
     }
 
@@ -464,7 +495,8 @@ mod tests {
             let (method, path, body) = answer(&mut api, StatusCode::OK, server("5", released, wanted())).await;
             assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
             let expected = json!({"metadata": {"annotations": {
-                OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, RESTORED_FROM_ANNOTATION: snapshot_id()}}});
+                OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null,
+                RESTORED_FROM_ANNOTATION: snapshot_id()}}});
             assert_eq!(body, expected, "the annotations alone, whatever else changed");
             assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
         })
@@ -499,9 +531,32 @@ mod tests {
             let (method, path, body) =
                 answer(&mut api, StatusCode::OK, server("4", json!({"user": "kept"}), moved_on)).await;
             assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
-            assert_eq!(body, json!({"metadata": {"annotations": annotations::release_annotations()}}));
+            assert_eq!(body, json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null}}}));
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::SkipNewer, 3, None));
+    }
+
+    #[tokio::test]
+    async fn an_object_recreated_for_another_machine_between_plan_and_write_is_left_untouched() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH);
+            let (method, _, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!(method, Method::PUT);
+            let other = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+                "metadata": {"name": "server-1", "uid": "u-2", "resourceVersion": "9"},
+                "spec": {"systemUUID": "OTHER-MACHINE"}});
+            let (method, path, _) = answer(&mut api, StatusCode::OK, other.to_string()).await;
+            assert_eq!((method, path.as_str()), (Method::GET, SERVER));
+            // Nothing more: no status, no release of annotations restatus did not set there.
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::MissingOnTarget, 2, None));
+        let reason = outcome.reason.expect("a reason");
+        assert!(
+            reason.contains("recreated") && reason.contains("u-1 -> u-2") && reason.contains("other-machine"),
+            "{reason}"
+        );
     }
 }
