@@ -317,7 +317,7 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
     let plan = plan::plan(&PlanInput {
         profile: &options.profile,
         snapshot: &loaded.manifest.snapshot_id,
-        snapshot_time: loaded.manifest.created_at,
+        snapshot_time: Some(loaded.manifest.created_at),
         records: &loaded.records,
         live: &live.objects,
         force: false,

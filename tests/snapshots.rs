@@ -52,10 +52,15 @@ fn empty_capture() -> CaptureSummary {
 
 /// Writes a snapshot the way a backup does: payload, then manifest.
 async fn write(store: &SnapshotStore, at: &str, records: &[Record]) -> Manifest {
+    write_with(store, at, records, empty_capture()).await
+}
+
+/// Writes a snapshot whose capture `capture` describes.
+async fn write_with(store: &SnapshotStore, at: &str, records: &[Record], capture: CaptureSummary) -> Manifest {
     let id = SnapshotId::new(at.parse().unwrap());
     let (payload, summary) = encode(records);
     store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
-    let manifest = Manifest::new(store.cluster_id(), id, at.parse().unwrap(), "test", empty_capture(), summary);
+    let manifest = Manifest::new(store.cluster_id(), id, at.parse().unwrap(), "test", capture, summary);
     store.put_manifest(&manifest).await.unwrap();
     manifest
 }
@@ -250,8 +255,8 @@ async fn retention_deletes_old_snapshots_and_keeps_the_newest() {
     for hour in 1..=5 {
         ids.push(write(&store, &format!("2026-11-30T0{hour}:00:00Z"), &[record(1, "{}")]).await.snapshot_id);
     }
-    let deleted = retention::apply(&store, RetentionPolicy { keep_last: Some(2), max_age: None }).await.unwrap();
-    assert_eq!(deleted.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), ids[..3].to_vec());
+    let plan = retention::apply(&store, RetentionPolicy { keep_last: Some(2), max_age: None }).await.unwrap();
+    assert_eq!(plan.deletions.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), ids[..3].to_vec());
     let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
     assert_eq!(left, ids[3..].to_vec());
     // Everything is far older than a day, yet the newest complete snapshot stays.
@@ -259,6 +264,34 @@ async fn retention_deletes_old_snapshots_and_keeps_the_newest() {
     retention::apply(&store, policy).await.unwrap();
     let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
     assert_eq!(left, vec![ids[4].clone()]);
+}
+
+#[tokio::test]
+async fn retention_keeps_the_last_consistent_snapshot_behind_fifty_inconsistent_ones() {
+    let store = store("c");
+    let mut consistent = Vec::new();
+    for minute in 0..3 {
+        consistent.push(write(&store, &format!("2026-11-30T08:{minute:02}:00Z"), &[record(1, "{}")]).await.snapshot_id);
+    }
+    let mut stuck = empty_capture();
+    stuck.consistency.consistent = false;
+    stuck.consistency.reason_count = 1;
+    stuck.consistency.reasons.push(restatus::format::Inconsistency {
+        object: restatus::format::ObjectRef { kind: "Server".into(), namespace: None, name: "s9".into() },
+        reason: "in transitional state \"Discovery\"".into(),
+    });
+    for minute in 0..50 {
+        write_with(&store, &format!("2026-11-30T09:{minute:02}:00Z"), &[record(1, "{}")], stuck.clone()).await;
+    }
+    let plan = retention::apply(&store, RetentionPolicy { keep_last: Some(48), max_age: None }).await.unwrap();
+    assert_eq!(plan.deletions.len(), 4, "53 snapshots, 48 kept, one more kept for restores");
+    assert_eq!(plan.kept.len(), 1);
+    assert_eq!(plan.kept[0].id, consistent[2]);
+    assert!(plan.kept[0].reason.contains("newest verified consistent"), "{}", plan.kept[0].reason);
+    // A restore without --allow-inconsistent still finds it.
+    let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
+    assert_eq!(loaded.manifest.snapshot_id, consistent[2]);
+    assert_eq!(loaded.passed_over.len(), 48);
 }
 
 trait TakeBytes: std::io::Read + Sized {

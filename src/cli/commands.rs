@@ -180,13 +180,20 @@ async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result
 
 async fn prune(store: &SnapshotStore, policy: RetentionPolicy) -> Result<()> {
     if policy.is_set() {
-        let deleted =
+        let plan =
             store::retention::apply(store, policy).await.context("retention failed (the new snapshot is written)")?;
-        for d in deleted {
-            eprintln!("deleted {} ({})", d.id, d.reason);
-        }
+        print_retention(&plan, "deleted");
     }
     Ok(())
+}
+
+fn print_retention(plan: &store::retention::RetentionPlan, deleted: &str) {
+    for d in &plan.deletions {
+        eprintln!("{deleted} {} ({})", d.id, d.reason);
+    }
+    for k in &plan.kept {
+        eprintln!("kept {} ({})", k.id, k.reason);
+    }
 }
 
 async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<()> {
@@ -206,11 +213,14 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<(
             }
         }
         SnapshotsCommand::Verify { id, output: out } => return verify(store, &id, out).await,
-        SnapshotsCommand::Prune(args) => {
-            if !args.policy().is_set() {
+        SnapshotsCommand::Prune { retention, dry_run } => {
+            if !retention.policy().is_set() {
                 bail!("prune needs --keep-last and/or --max-age");
             }
-            prune(store, args.policy()).await?;
+            match dry_run {
+                true => print_retention(&store::retention::plan_for(store, retention.policy()).await?, "would delete"),
+                false => prune(store, retention.policy()).await?,
+            }
         }
     }
     Ok(())

@@ -211,7 +211,13 @@ pub enum SnapshotsCommand {
         output: OutputArgs,
     },
     /// Applies retention now.
-    Prune(RetentionArgs),
+    Prune {
+        #[command(flatten)]
+        retention: RetentionArgs,
+        /// Say what would be deleted and what is kept, and why; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Args)]

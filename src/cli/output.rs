@@ -2,7 +2,8 @@
 
 use serde::Serialize;
 
-use restatus::format::{Manifest, ObjectRef};
+use jiff::Timestamp;
+use restatus::format::{Manifest, ObjectRef, is_ahead_of};
 use restatus::moving::preflight::PreflightReport;
 use restatus::restore::{RestorePlan, RestoreReport};
 use restatus::store::{SnapshotEntry, SnapshotStore};
@@ -38,6 +39,9 @@ pub struct SnapshotRow {
     pub inconsistencies: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The snapshot is dated ahead of this clock (its writer's clock was ahead).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ahead_of_clock: bool,
 }
 
 /// Reads each listed snapshot's manifest (small) to describe it. A manifest that cannot be
@@ -57,6 +61,7 @@ pub async fn snapshot_rows(store: &SnapshotStore, entries: &[SnapshotEntry]) -> 
             consistency: None,
             inconsistencies: vec![],
             error: None,
+            ahead_of_clock: entry.id.timestamp().is_some_and(|t| is_ahead_of(t, Timestamp::now())),
         };
         if entry.complete {
             match store.manifest(&entry.id).await {
@@ -103,11 +108,15 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
                 r.payload_bytes.map(human_bytes).unwrap_or_default(),
                 r.conflicts.to_string(),
                 r.skipped.to_string(),
-                r.error.clone().unwrap_or_default(),
+                match (&r.error, r.ahead_of_clock) {
+                    (Some(e), _) => e.clone(),
+                    (None, true) => "dated ahead of this clock (writer's clock skewed)".into(),
+                    (None, false) => String::new(),
+                },
             ]
         })
         .collect();
-    table(&["ID", "STATE", "CREATED", "CONSISTENCY", "RECORDS", "SIZE", "CONFLICTS", "SKIPPED", "ERROR"], body)
+    table(&["ID", "STATE", "CREATED", "CONSISTENCY", "RECORDS", "SIZE", "CONFLICTS", "SKIPPED", "NOTE"], body)
 }
 
 /// `snapshots show` as text: the manifest's summary, per-kind counts, conflicts and skips.

@@ -139,7 +139,7 @@ mod tests {
             let input = PlanInput {
                 profile: &profile,
                 snapshot: &snap.manifest.snapshot_id,
-                snapshot_time: snap.manifest.created_at,
+                snapshot_time: Some(snap.manifest.created_at),
                 records: &records,
                 live: &objects,
                 force: false,

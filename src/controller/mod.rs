@@ -199,7 +199,7 @@ async fn reconcile(
     let input = PlanInput {
         profile: &ctx.options.profile,
         snapshot: &manifest.snapshot_id,
-        snapshot_time: manifest.created_at,
+        snapshot_time: manifest.comparable_time(jiff::Timestamp::now()),
         records,
         live: objects,
         force: ctx.options.force,

@@ -78,6 +78,14 @@ pub struct Manifest {
     pub consistency: Option<Consistency>,
 }
 
+/// How far a snapshot's time may be ahead of the reader's clock before it counts as skewed.
+pub const CLOCK_SKEW_TOLERANCE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Whether `at` lies more than [`CLOCK_SKEW_TOLERANCE`] ahead of `now`.
+pub fn is_ahead_of(at: Timestamp, now: Timestamp) -> bool {
+    at.duration_since(now).try_into().is_ok_and(|ahead: std::time::Duration| ahead > CLOCK_SKEW_TOLERANCE)
+}
+
 /// The consistency verdict of a capture, with every reason it is not consistent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -162,6 +170,13 @@ impl Manifest {
             conflicts: capture.conflicts,
             consistency: Some(capture.consistency),
         }
+    }
+
+    /// The capture time, when it can be compared with write times read on a clock at `now`:
+    /// `None` when the snapshot is dated more than [`CLOCK_SKEW_TOLERANCE`] ahead of it (the
+    /// writer's clock was ahead), so that "written before the snapshot" cannot be trusted.
+    pub fn comparable_time(&self, now: Timestamp) -> Option<Timestamp> {
+        (!is_ahead_of(self.created_at, now)).then_some(self.created_at)
     }
 
     /// Consistent, or written by a restatus that did not judge (format 1.0).

@@ -10,8 +10,8 @@ mod record;
 
 pub use id::SnapshotId;
 pub use manifest::{
-    CaptureSummary, Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest, ObjectRef,
-    PayloadInfo, Skipped,
+    CLOCK_SKEW_TOLERANCE, CaptureSummary, Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest,
+    ObjectRef, PayloadInfo, Skipped, is_ahead_of,
 };
 pub use payload::{PayloadEncoder, PayloadSummary, decode_records, verify_payload};
 pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, is_carried};

@@ -253,7 +253,7 @@ impl<'a> WriteSequence<'a> {
         let fresh = LiveObject::from_raw(self.kind, &fresh);
         let decision = if record.keys.iter().any(|k| fresh.keys.contains(k)) {
             let (manifest, force) = (self.applier.manifest, self.applier.force);
-            plan::decide(self.kind, record, &fresh, manifest.created_at, force)
+            plan::decide(self.kind, record, &fresh, manifest.comparable_time(jiff::Timestamp::now()), force)
         } else {
             let keys: Vec<String> = fresh.keys.iter().map(ToString::to_string).collect();
             let reason = format!(

@@ -99,7 +99,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
     let plan = plan::plan(&PlanInput {
         profile: &opts.profile,
         snapshot: &manifest.snapshot_id,
-        snapshot_time: manifest.created_at,
+        snapshot_time: manifest.comparable_time(Timestamp::now()),
         records: &loaded.records,
         live: &live.objects,
         force: opts.force,

@@ -137,7 +137,9 @@ pub struct PlanInput<'a> {
     pub profile: &'a Profile,
     pub snapshot: &'a SnapshotId,
     /// When the snapshot's capture started.
-    pub snapshot_time: Timestamp,
+    /// When the snapshot's capture started, if comparable with the target's write times
+    /// (see [`Manifest::comparable_time`](crate::format::Manifest::comparable_time)).
+    pub snapshot_time: Option<Timestamp>,
     pub records: &'a [Record],
     pub live: &'a [LiveObject],
     /// Overwrite live statuses that moved on after the snapshot.
@@ -330,7 +332,7 @@ pub fn decide(
     kind: &KindProfile,
     record: &Record,
     object: &LiveObject,
-    snapshot_time: Timestamp,
+    snapshot_time: Option<Timestamp>,
     force: bool,
 ) -> Decision {
     let equal = || Decision::new(Verdict::AlreadyEqual, "live status equals the snapshot");
@@ -347,12 +349,13 @@ pub fn decide(
         restore("live status is empty")
     } else if kind.is_initial_status(live.as_ref()) {
         restore("live status is still initial")
-    } else if object.status_written_at.is_some_and(|t| written_before(t, snapshot_time)) {
+    } else if object.status_written_at.zip(snapshot_time).is_some_and(|(t, s)| written_before(t, s)) {
         restore("live status was last written before the snapshot")
     } else {
-        let when = match object.status_written_at {
-            Some(t) => format!("written {t}, after the snapshot"),
-            None => "write time unknown".into(),
+        let when = match (object.status_written_at, snapshot_time) {
+            (_, None) => "the snapshot is dated ahead of this clock: write times cannot be compared".into(),
+            (Some(t), Some(_)) => format!("written {t}, after the snapshot"),
+            (None, Some(_)) => "write time unknown".into(),
         };
         if force {
             Decision { forced: true, ..restore(&format!("--force: overwrites a live status that moved on ({when})")) }
@@ -415,7 +418,7 @@ mod tests {
     fn run(records: &[Record], live: &[LiveObject], force: bool) -> RestorePlan {
         let profile = Profile::metal_operator();
         let id = SnapshotId::new(ts(SNAP));
-        plan(&PlanInput { profile: &profile, snapshot: &id, snapshot_time: ts(SNAP), records, live, force })
+        plan(&PlanInput { profile: &profile, snapshot: &id, snapshot_time: Some(ts(SNAP)), records, live, force })
     }
 
     fn verdicts(plan: &RestorePlan) -> Vec<(String, Verdict)> {
@@ -504,7 +507,7 @@ mod tests {
         let input = PlanInput {
             profile: &profile,
             snapshot: &id,
-            snapshot_time: ts("2026-11-30T09:00:00.400Z"),
+            snapshot_time: Some(ts("2026-11-30T09:00:00.400Z")),
             records: &records,
             live: std::slice::from_ref(&object),
             force: false,
@@ -633,5 +636,39 @@ mod tests {
         let live = json!({"state": "Initial", "powerState": "Off"});
         let patch = status_patch(Some(&live), &json!({"state": "Reserved"}));
         assert_eq!(patch, json!({"state": "Reserved", "powerState": null}));
+    }
+
+    #[test]
+    fn a_snapshot_dated_ahead_of_the_clock_never_turns_a_newer_status_into_a_restore() {
+        let k = key("spec.systemUUID", "u1");
+        let mut object = live("Server", "s1", std::slice::from_ref(&k), Some(json!({"state": "Available"})));
+        // Written an hour before the snapshot's (skewed) time, yet after its real capture.
+        object.status_written_at = Some(ts("2026-11-30T08:00:00Z"));
+        let profile = Profile::metal_operator();
+        let id = SnapshotId::new(ts(SNAP));
+        let records = [record("Server", "s1", &[k], reserved())];
+        let mut input = PlanInput {
+            profile: &profile,
+            snapshot: &id,
+            snapshot_time: None,
+            records: &records,
+            live: std::slice::from_ref(&object),
+            force: false,
+        };
+        let item = &plan(&input).items[0];
+        assert_eq!(item.verdict, Verdict::SkipNewer);
+        assert!(item.reason.contains("dated ahead of this clock"), "{}", item.reason);
+        // An empty status is still restored.
+        let bare = LiveObject { status: None, ..object.clone() };
+        input.live = std::slice::from_ref(&bare);
+        assert_eq!(plan(&input).items[0].verdict, Verdict::Restore);
+    }
+
+    #[test]
+    fn only_snapshots_beyond_the_tolerance_count_as_ahead() {
+        let id = SnapshotId::new(ts("2026-11-30T10:00:00Z"));
+        let manifest = crate::fixtures::manifest(id, ts("2026-11-30T10:00:00Z"));
+        assert_eq!(manifest.comparable_time(ts("2026-11-30T09:58:00Z")), Some(manifest.created_at));
+        assert_eq!(manifest.comparable_time(ts("2026-11-30T09:00:00Z")), None, "an hour ahead");
     }
 }

@@ -1,10 +1,13 @@
-//! Retention: which snapshots to delete. Pure planning, applied by [`apply`].
+//! Retention: which snapshots to delete. Pure planning ([`plan`]), applied by [`apply`].
 //!
 //! Rules: a complete snapshot is deleted when it is beyond `keep_last` (counting complete
 //! snapshots, newest first) or older than `max_age`; when both are set, either one deletes.
-//! The newest complete snapshot is never deleted. A folder without a manifest (an aborted or
-//! crashed backup) is removed once it is older than [`INCOMPLETE_GRACE`], so a backup still
-//! uploading is never touched.
+//! Never deleted: the newest complete snapshot, the newest one that verifies and is consistent
+//! (what a restore without `--allow-inconsistent` needs, however many inconsistent ones came
+//! after it), and snapshots dated ahead of this clock (a skewed writer's; they do not count
+//! against `keep_last` either, so they cannot push out the snapshots that follow them). A
+//! folder without a manifest (an aborted or crashed backup) is removed once it is older than
+//! [`INCOMPLETE_GRACE`], so a backup still uploading is never touched.
 
 use std::time::Duration;
 
@@ -12,7 +15,7 @@ use jiff::Timestamp;
 use tracing::info;
 
 use crate::Result;
-use crate::format::SnapshotId;
+use crate::format::{SnapshotId, is_ahead_of};
 use crate::store::{SnapshotEntry, SnapshotStore};
 
 /// How long a snapshot folder without a manifest is left alone (a backup may still be writing).
@@ -36,45 +39,96 @@ pub struct Deletion {
     pub reason: String,
 }
 
-/// Plans deletions for `entries` (any order) at `now`, oldest first.
-pub fn plan(entries: &[SnapshotEntry], policy: RetentionPolicy, now: Timestamp) -> Vec<Deletion> {
+/// What retention deletes, and what it keeps that the policy alone would not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetentionPlan {
+    pub deletions: Vec<Deletion>,
+    /// Kept whatever the policy says, with the reason.
+    pub kept: Vec<Deletion>,
+}
+
+/// Plans deletions for `entries` (any order) at `now`, oldest first. `restorable` is the
+/// newest snapshot that verifies and is consistent, if any: it is kept.
+pub fn plan(
+    entries: &[SnapshotEntry],
+    policy: RetentionPolicy,
+    now: Timestamp,
+    restorable: Option<&SnapshotId>,
+) -> RetentionPlan {
     let age = |entry: &SnapshotEntry| -> Duration {
         let created = entry.id.timestamp().unwrap_or(entry.last_modified);
         now.duration_since(created).try_into().unwrap_or(Duration::ZERO)
     };
+    let ahead = |entry: &SnapshotEntry| entry.id.timestamp().is_some_and(|t| is_ahead_of(t, now));
+    let mut out = RetentionPlan::default();
     let mut complete: Vec<&SnapshotEntry> = entries.iter().filter(|e| e.complete).collect();
     complete.sort_by(|a, b| b.id.cmp(&a.id));
-    let mut deletions = Vec::new();
-    // The newest complete snapshot (index 0) is always kept.
-    for (rank, entry) in complete.iter().enumerate().skip(1) {
+    for entry in complete.iter().filter(|e| ahead(e)) {
+        out.kept.push(Deletion { id: entry.id.clone(), reason: "dated ahead of this clock (skewed writer)".into() });
+    }
+    // The newest complete snapshot (rank 0) is always kept.
+    for (rank, entry) in complete.iter().filter(|e| !ahead(e)).enumerate().skip(1) {
         let reason = match (policy.keep_last, policy.max_age) {
             (Some(keep), _) if rank >= keep => Some(format!("beyond the newest {keep}")),
             (_, Some(max)) if age(entry) > max => Some(format!("older than {}", humantime::format_duration(max))),
             _ => None,
         };
-        if let Some(reason) = reason {
-            deletions.push(Deletion { id: entry.id.clone(), reason });
+        match reason {
+            Some(_) if restorable == Some(&entry.id) => out.kept.push(Deletion {
+                id: entry.id.clone(),
+                reason: "the newest verified consistent snapshot: a restore needs it".into(),
+            }),
+            Some(reason) => out.deletions.push(Deletion { id: entry.id.clone(), reason }),
+            None => {}
         }
     }
     for entry in entries.iter().filter(|e| !e.complete) {
         let idle = now.duration_since(entry.last_modified).try_into().unwrap_or(Duration::ZERO);
         if idle > INCOMPLETE_GRACE {
-            deletions.push(Deletion { id: entry.id.clone(), reason: "incomplete: no manifest".into() });
+            out.deletions.push(Deletion { id: entry.id.clone(), reason: "incomplete: no manifest".into() });
         }
     }
-    deletions.sort_by(|a, b| a.id.cmp(&b.id));
-    deletions
+    out.deletions.sort_by(|a, b| a.id.cmp(&b.id));
+    out
 }
 
-/// Lists, plans and deletes. Returns what was deleted.
-pub async fn apply(store: &SnapshotStore, policy: RetentionPolicy) -> Result<Vec<Deletion>> {
+/// The newest complete snapshot that is consistent and verifies end to end (records are
+/// checked and dropped, not kept).
+pub async fn newest_restorable(store: &SnapshotStore, entries: &[SnapshotEntry]) -> Result<Option<SnapshotId>> {
+    for entry in entries.iter().rev().filter(|e| e.complete) {
+        match store.manifest(&entry.id).await {
+            Ok(manifest) if manifest.is_consistent() => {}
+            Ok(_) => continue,
+            Err(e @ crate::Error::Store { .. }) => return Err(e),
+            Err(_) => continue,
+        }
+        match store.load(&entry.id, |_| Ok(())).await {
+            Ok(_) => return Ok(Some(entry.id.clone())),
+            Err(e @ crate::Error::Store { .. }) => return Err(e),
+            Err(_) => continue,
+        }
+    }
+    Ok(None)
+}
+
+/// Lists and plans (nothing deleted).
+pub async fn plan_for(store: &SnapshotStore, policy: RetentionPolicy) -> Result<RetentionPlan> {
     let entries = store.list().await?;
-    let deletions = plan(&entries, policy, Timestamp::now());
-    for deletion in &deletions {
+    let restorable = newest_restorable(store, &entries).await?;
+    Ok(plan(&entries, policy, Timestamp::now(), restorable.as_ref()))
+}
+
+/// Lists, plans and deletes. Returns the plan carried out.
+pub async fn apply(store: &SnapshotStore, policy: RetentionPolicy) -> Result<RetentionPlan> {
+    let plan = plan_for(store, policy).await?;
+    for deletion in &plan.deletions {
         store.delete(&deletion.id).await?;
         info!(snapshot = %deletion.id, reason = %deletion.reason, "snapshot deleted by retention");
     }
-    Ok(deletions)
+    for kept in &plan.kept {
+        info!(snapshot = %kept.id, reason = %kept.reason, "snapshot kept by retention");
+    }
+    Ok(plan)
 }
 
 #[cfg(test)]
@@ -87,8 +141,19 @@ mod tests {
     }
 
     fn deleted(entries: &[SnapshotEntry], policy: RetentionPolicy, now: &str) -> Vec<usize> {
-        let plan = plan(entries, policy, now.parse().unwrap());
-        entries.iter().enumerate().filter(|(_, e)| plan.iter().any(|d| d.id == e.id)).map(|(i, _)| i).collect()
+        deleted_keeping(entries, policy, now, None)
+    }
+
+    fn deleted_keeping(
+        entries: &[SnapshotEntry],
+        policy: RetentionPolicy,
+        now: &str,
+        restorable: Option<usize>,
+    ) -> Vec<usize> {
+        let restorable = restorable.map(|i| entries[i].id.clone());
+        let plan = plan(entries, policy, now.parse().unwrap(), restorable.as_ref());
+        let deleted = |e: &SnapshotEntry| plan.deletions.iter().any(|d| d.id == e.id);
+        entries.iter().enumerate().filter(|(_, e)| deleted(e)).map(|(i, _)| i).collect()
     }
 
     fn day(d: u32) -> String {
@@ -131,5 +196,27 @@ mod tests {
         let policy = RetentionPolicy { keep_last: Some(1), max_age: None };
         assert!(deleted(&entries, policy, "2026-11-30T11:00:00Z").is_empty());
         assert_eq!(deleted(&entries, policy, "2026-11-30T12:00:00Z"), [1]);
+    }
+
+    #[test]
+    fn the_newest_restorable_snapshot_survives_many_inconsistent_ones() {
+        // 3 consistent snapshots, then 50 inconsistent ones; the newest consistent is index 2.
+        let entries: Vec<_> =
+            (0..53).map(|i| entry(&format!("2026-11-30T{:02}:{:02}:00Z", i / 60, i % 60), true)).collect();
+        let policy = RetentionPolicy { keep_last: Some(48), max_age: None };
+        let deleted = deleted_keeping(&entries, policy, "2026-11-30T12:00:00Z", Some(2));
+        assert_eq!(deleted, [0, 1, 3, 4], "keep_last keeps the newest 48; index 2 is kept for restores");
+    }
+
+    #[test]
+    fn a_snapshot_dated_ahead_of_the_clock_pushes_nothing_out_and_is_kept() {
+        let now = "2026-11-30T12:00:00Z";
+        let mut entries: Vec<_> = (1..=3).map(|h| entry(&format!("2026-11-30T{:02}:00:00Z", 8 + h), true)).collect();
+        entries.push(entry("2026-11-30T13:00:00Z", true)); // an hour ahead of now
+        let policy = RetentionPolicy { keep_last: Some(1), max_age: None };
+        let plan = plan(&entries, policy, now.parse().unwrap(), None);
+        let deleted: Vec<_> = plan.deletions.iter().map(|d| d.id.clone()).collect();
+        assert_eq!(deleted, [entries[0].id.clone(), entries[1].id.clone()], "the newest real one (11:00) stays");
+        assert!(plan.kept.iter().any(|k| k.id == entries[3].id && k.reason.contains("ahead of this clock")));
     }
 }
