@@ -31,11 +31,26 @@ impl Controller {
         selector: &str,
         lease_ns: &str,
     ) -> Controller {
+        Self::start_with(bed, kubeconfig, storage, cluster, selector, lease_ns, &[])
+    }
+
+    /// Starts a controller with `extra` arguments.
+    fn start_with(
+        bed: &Bed,
+        kubeconfig: &std::path::Path,
+        storage: &str,
+        cluster: &str,
+        selector: &str,
+        lease_ns: &str,
+        extra: &[&str],
+    ) -> Controller {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = bed.scratch.path().join(format!("controller-{port}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
             .args(["controller", "--selector", selector, "--snapshot-refresh", "2s", "--lease-namespace", lease_ns])
-            .args(["--lease-name", &unique("lease"), "--http-addr", &format!("127.0.0.1:{port}"), "--kubeconfig"])
+            .args(["--lease-name", &unique("lease"), "--http-addr", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .arg("--kubeconfig")
             .arg(kubeconfig)
             .env("RESTATUS_STORAGE", storage)
             .env("RESTATUS_CLUSTER_ID", cluster)
@@ -231,4 +246,101 @@ async fn a_metrics_port_that_cannot_be_bound_is_a_clear_error_at_start() {
     let err = stderr(&out);
     assert!(err.contains(&format!("listen on {addr}")), "{err}");
     assert!(started.elapsed() < Duration::from_secs(30), "it exits at start, not later");
+}
+
+/// A fleet backed up on the source, and a controller for it on the target.
+async fn fleet_and_controller(bed: &Bed, prefix: &str, extra: &[&str]) -> (FleetSpec, Controller) {
+    let spec = FleetSpec::new(&unique(prefix), 6, 6, 3);
+    fleet::create(&bed.source().await, &spec, 16).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+    let lease_ns = unique("lease-ns");
+    ensure_namespace(bed, &lease_ns).await;
+    let controller =
+        Controller::start_with(bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, extra);
+    (spec, controller)
+}
+
+#[tokio::test]
+async fn writes_denied_for_30_seconds_are_retried_until_everything_is_restored_and_released() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (spec, controller) = fleet_and_controller(&bed, "deny", &[]).await;
+    controller.wait_ready().await;
+
+    // Every update of this fleet's objects on the target is denied, status included.
+    let name = spec.name.clone();
+    let policy = format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {name}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [metal.ironcore.dev]
+      apiVersions: ["*"]
+      operations: [UPDATE]
+      resources: [servers, servers/status, bmcs, bmcs/status, serverclaims, serverclaims/status]
+  matchConditions:
+  - name: this-fleet
+    expression: "has(object.metadata.labels) && '{FLEET_LABEL}' in object.metadata.labels && object.metadata.labels['{FLEET_LABEL}'] == '{name}'"
+  validations:
+  - expression: "false"
+    message: injected fault
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {name}}}
+spec: {{policyName: {name}, validationActions: [Deny]}}
+"#
+    );
+    let file = bed.scratch.path().join(format!("{name}-deny.yaml"));
+    std::fs::write(&file, policy).unwrap();
+    assert_success(&bed.kubectl(&bed.target_kubeconfig, &["apply", "-f", file.to_str().unwrap()]), "deny");
+    tokio::time::sleep(Duration::from_secs(3)).await; // the policy reaches the API server's cache
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let state = fleet_state(&bed.target().await, &spec.name).await;
+    assert!(state.values().all(|(status, _)| status.is_null()), "the fault held: nothing restored yet");
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    assert!(metric(&metrics, "restatus_objects_retrying") >= 1.0, "{metrics}");
+
+    assert_success(&bed.kubectl(&bed.target_kubeconfig, &["delete", "-f", file.to_str().unwrap()]), "allow");
+    let took = wait_restored(&bed, &spec.name, Duration::from_secs(60)).await;
+    eprintln!("restored and released {took:?} after the fault cleared");
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    assert_eq!(metric(&metrics, "restatus_objects_retrying"), 0.0, "{metrics}");
+    assert_eq!(metric(&metrics, "restatus_objects_quiesced"), 0.0, "{metrics}");
+    assert!(controller.stop().success());
+}
+
+#[tokio::test]
+async fn a_kind_the_target_does_not_serve_is_reported_and_the_rest_is_restored() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let mut profile = serde_json::to_value(Profile::metal_operator()).unwrap();
+    let gone =
+        json!({"group": "metal.ironcore.dev", "version": "v1alpha1", "kind": "ServerGone", "plural": "servergones"});
+    profile["kinds"].as_array_mut().unwrap().push(gone);
+    let file = bed.scratch.path().join(format!("{}-profile.json", unique("gone")));
+    std::fs::write(&file, profile.to_string()).unwrap();
+    let (spec, controller) = fleet_and_controller(&bed, "gone", &["--profile", file.to_str().unwrap()]).await;
+    // Once leading, the controller lists every kind: the missing one is reported, not waited for.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = controller.get("/readyz").await.unwrap_or_default();
+        if code == 200 && body.contains("kind ServerGone skipped: not served by the API server") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz never reported the missing kind: {code} {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    assert_eq!(metric(&metrics, "restatus_kind_unavailable{kind=\"ServerGone\"}"), 1.0, "{metrics}");
+    assert!(controller.stop().success());
 }

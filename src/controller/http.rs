@@ -7,6 +7,16 @@ use tracing::info;
 use crate::controller::Context;
 use crate::{Error, Result};
 
+/// `/readyz`: ready or not, then one line per kind that cannot be watched.
+fn readyz(ctx: &Context) -> (axum::http::StatusCode, String) {
+    let mut body = if ctx.is_ready() { "ready\n".to_string() } else { "not ready\n".to_string() };
+    for (kind, reason) in ctx.unavailable_kinds() {
+        body += &format!("kind {kind} skipped: {reason}\n");
+    }
+    let code = if ctx.is_ready() { axum::http::StatusCode::OK } else { axum::http::StatusCode::SERVICE_UNAVAILABLE };
+    (code, body)
+}
+
 /// Binds the endpoints' address: a port that cannot be bound is an error at start, not a
 /// liveness probe that fails later.
 pub async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener> {
@@ -17,7 +27,6 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<tokio::net::TcpListener>
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
 pub async fn serve(ctx: Arc<Context>, listener: tokio::net::TcpListener) -> Result<()> {
-    use axum::http::StatusCode;
     use axum::routing::get;
     let app = axum::Router::new()
         .route(
@@ -27,9 +36,7 @@ pub async fn serve(ctx: Arc<Context>, listener: tokio::net::TcpListener) -> Resu
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
-            get(|axum::extract::State(ctx): axum::extract::State<Arc<Context>>| async move {
-                if ctx.is_ready() { (StatusCode::OK, "ready") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready") }
-            }),
+            get(|axum::extract::State(ctx): axum::extract::State<Arc<Context>>| async move { readyz(&ctx) }),
         )
         .with_state(ctx);
     if let Ok(addr) = listener.local_addr() {

@@ -43,6 +43,11 @@ impl LiveIndex {
         self.objects.insert(object.uid.clone(), object);
     }
 
+    /// The uids of the live objects of `kind`.
+    pub fn uids_of(&self, kind: &str) -> Vec<String> {
+        self.objects.values().filter(|o| o.kind == kind).map(|o| o.uid.clone()).collect()
+    }
+
     pub fn remove(&mut self, uid: &str) {
         if let Some(old) = self.objects.remove(uid) {
             for key in &old.keys {

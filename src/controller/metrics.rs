@@ -23,6 +23,17 @@ pub struct Metrics {
     pub snapshot_timestamp: Gauge<f64, AtomicU64>,
     pub restore_latency: Histogram,
     pub leader: Gauge,
+    /// Objects carrying restatus's own `ignore` now.
+    pub quiesced: Gauge,
+    /// Objects whose restore failed, waiting for a retry.
+    pub retrying: Gauge,
+    /// 1 while a kind of the profile cannot be watched (not served, forbidden).
+    pub kind_unavailable: Family<KindLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
 }
 
 impl Default for Metrics {
@@ -46,13 +57,37 @@ impl Default for Metrics {
         );
         let leader = Gauge::default();
         registry.register("leader", "1 while this instance holds the lease", leader.clone());
-        Metrics { registry, decisions, errors, snapshot_timestamp, restore_latency, leader }
+        let quiesced = Gauge::default();
+        registry.register("objects_quiesced", "Objects carrying restatus's own ignore", quiesced.clone());
+        let retrying = Gauge::default();
+        registry.register("objects_retrying", "Objects whose restore failed, waiting for a retry", retrying.clone());
+        let kind_unavailable = Family::<KindLabel, Gauge>::default();
+        registry.register(
+            "kind_unavailable",
+            "1 while a kind of the profile cannot be watched (not served, forbidden)",
+            kind_unavailable.clone(),
+        );
+        Metrics {
+            registry,
+            decisions,
+            errors,
+            snapshot_timestamp,
+            restore_latency,
+            leader,
+            quiesced,
+            retrying,
+            kind_unavailable,
+        }
     }
 }
 
 impl Metrics {
     pub fn decided(&self, verdict: Verdict) {
         self.decisions.get_or_create(&VerdictLabel { verdict: verdict.to_string() }).inc();
+    }
+
+    pub fn unavailable(&self, kind: &str, unavailable: bool) {
+        self.kind_unavailable.get_or_create(&KindLabel { kind: kind.to_string() }).set(i64::from(unavailable));
     }
 
     pub fn render(&self) -> String {

@@ -11,15 +11,16 @@
 pub mod http;
 pub mod index;
 pub mod metrics;
+pub mod retry;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt, stream};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{RwLock, mpsc};
 use tracing::{debug, info, warn};
 
@@ -35,6 +36,7 @@ use crate::store::{SnapshotStore, choose_snapshot};
 use crate::{Error, Result};
 use index::{LiveIndex, SnapshotIndex};
 use metrics::Metrics;
+use retry::{FIRST_RETRY, Retries};
 
 #[derive(Debug, Clone)]
 pub struct ControllerOptions {
@@ -59,7 +61,12 @@ pub struct Context {
     /// Made on the first write (by then the profile's kinds are served, so discovery finds
     /// their status subresources), then kept: one event recorder for the controller's life.
     writer: tokio::sync::OnceCell<Writer>,
-    ready: AtomicBool,
+    /// Every kind listed (or unavailable) and a snapshot loaded.
+    synced: AtomicBool,
+    /// This instance holds the lease.
+    leading: AtomicBool,
+    /// Kinds that cannot be watched now, with why.
+    unavailable: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl Context {
@@ -71,25 +78,123 @@ impl Context {
             metrics: Metrics::default(),
             snapshot: RwLock::new(None),
             writer: tokio::sync::OnceCell::new(),
-            ready: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
+            leading: AtomicBool::new(false),
+            unavailable: Default::default(),
         })
     }
 
-    /// Ready once a snapshot is loaded and every watch has listed its kind.
+    /// A standby is ready (it serves and waits for the lease; leadership is a metric); the
+    /// leader once a snapshot is loaded and every kind is listed or known to be unavailable.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        !self.leading.load(Ordering::Relaxed) || self.synced.load(Ordering::Relaxed)
     }
 
     /// For roles that need no snapshot to start (the source-side handshake).
     pub fn mark_ready(&self) {
-        self.ready.store(true, Ordering::Relaxed);
+        self.synced.store(true, Ordering::Relaxed);
+    }
+
+    /// The kinds that cannot be watched now, with why.
+    pub fn unavailable_kinds(&self) -> BTreeMap<String, String> {
+        self.unavailable.lock().map(|u| u.clone()).unwrap_or_default()
+    }
+
+    fn is_unavailable(&self, kind: &str) -> bool {
+        self.unavailable.lock().is_ok_and(|u| u.contains_key(kind))
+    }
+
+    fn kind_unavailable(&self, kind: &str, reason: &str) {
+        let Ok(mut unavailable) = self.unavailable.lock() else { return };
+        if unavailable.get(kind).map(String::as_str) != Some(reason) {
+            warn!(kind, reason, "kind cannot be watched; skipped until it can (watch backs off)");
+            unavailable.insert(kind.to_string(), reason.to_string());
+            self.metrics.unavailable(kind, true);
+        }
+    }
+
+    fn kind_available(&self, kind: &str) {
+        let Ok(mut unavailable) = self.unavailable.lock() else { return };
+        if unavailable.remove(kind).is_some() {
+            info!(kind, "kind can be watched again");
+            self.metrics.unavailable(kind, false);
+        }
     }
 }
 
 enum Change {
     Upsert(LiveObject),
     Delete(String),
-    Listed,
+    /// A kind was listed (again): these are all its objects now.
+    Listed {
+        kind: String,
+        uids: HashSet<String>,
+    },
+    /// A kind cannot be watched (not served, forbidden): why.
+    Unavailable {
+        kind: String,
+        reason: String,
+    },
+}
+
+/// The main loop's state.
+struct Loop {
+    kinds: Vec<KindProfile>,
+    live: LiveIndex,
+    /// Objects to reconcile, with when they were first seen dirty.
+    dirty: HashMap<String, Instant>,
+    retries: Retries,
+    /// Kinds listed at least once.
+    listed: HashSet<String>,
+}
+
+impl Loop {
+    fn apply(&mut self, ctx: &Context, change: Change) {
+        match change {
+            Change::Upsert(object) => {
+                self.dirty.entry(object.uid.clone()).or_insert_with(Instant::now);
+                self.live.upsert(object);
+            }
+            Change::Delete(uid) => self.forget(&uid),
+            Change::Listed { kind, uids } => {
+                // A re-list (after 410 Gone or an API server restart) is the whole truth:
+                // objects it does not hold are gone.
+                for uid in self.live.uids_of(&kind).into_iter().filter(|u| !uids.contains(u)) {
+                    self.forget(&uid);
+                }
+                ctx.kind_available(&kind);
+                self.listed.insert(kind);
+            }
+            Change::Unavailable { kind, reason } => ctx.kind_unavailable(&kind, &reason),
+        }
+    }
+
+    fn forget(&mut self, uid: &str) {
+        self.dirty.remove(uid);
+        self.retries.settled(uid);
+        self.live.remove(uid);
+    }
+
+    /// Every kind is listed or known to be unavailable.
+    fn synced(&self, ctx: &Context) -> bool {
+        self.kinds.iter().all(|k| self.listed.contains(&k.kind) || ctx.is_unavailable(&k.kind))
+    }
+
+    /// Reconciles the dirty objects; failures wait for a retry.
+    async fn process(&mut self, ctx: &Context) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for (uid, failed) in process(ctx, &self.kinds, &self.live, dirty).await {
+            match failed {
+                true => {
+                    let wait = self.retries.failed(&uid, Instant::now());
+                    debug!(uid, ?wait, "restore failed; retrying after a backoff");
+                }
+                false => self.retries.settled(&uid),
+            }
+        }
+        ctx.metrics.retrying.set(self.retries.len() as i64);
+        ctx.metrics.quiesced.set(self.live.objects.values().filter(|o| o.quiesced_by_restatus()).count() as i64);
+    }
 }
 
 /// Runs until `shutdown` completes. Call only while leading.
@@ -97,25 +202,32 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     tokio::pin!(shutdown);
     let kinds: Vec<KindProfile> = ctx.options.profile.kinds.iter().filter(|k| !k.is_denied()).cloned().collect();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut watches = Vec::new();
-    for kind in kinds.clone() {
-        watches.push(tokio::spawn(watch_kind(ctx.clone(), kind, tx.clone())));
-    }
+    let watches: Vec<_> =
+        kinds.iter().map(|kind| tokio::spawn(watch_kind(ctx.clone(), kind.clone(), tx.clone()))).collect();
     drop(tx);
-
-    let mut live = LiveIndex::default();
-    let mut dirty: HashMap<String, Instant> = HashMap::new();
-    let mut listed = 0;
+    let mut state = Loop {
+        kinds,
+        live: LiveIndex::default(),
+        dirty: HashMap::new(),
+        retries: Retries::default(),
+        listed: HashSet::new(),
+    };
     let mut refresh = tokio::time::interval(ctx.options.snapshot_refresh);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retry = tokio::time::interval(FIRST_RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
             _ = refresh.tick() => {
                 if refresh_snapshot(&ctx).await {
                     let now = Instant::now();
-                    dirty.extend(live.objects.keys().map(|uid| (uid.clone(), now)));
+                    state.dirty.extend(state.live.objects.keys().map(|uid| (uid.clone(), now)));
                 }
+            }
+            _ = retry.tick() => {
+                let now = Instant::now();
+                state.dirty.extend(state.retries.due(now).into_iter().map(|uid| (uid, now)));
             }
             change = rx.recv() => {
                 let Some(change) = change else { break Err(Error::WatchesEnded) };
@@ -123,23 +235,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                 // Gather what arrives within the batch window, then act once.
                 let deadline = tokio::time::Instant::now() + ctx.options.batch_window;
                 while let Some(change) = next.take() {
-                    match change {
-                        Change::Upsert(object) => {
-                            dirty.entry(object.uid.clone()).or_insert_with(Instant::now);
-                            live.upsert(object);
-                        }
-                        Change::Delete(uid) => {
-                            dirty.remove(&uid);
-                            live.remove(&uid);
-                        }
-                        Change::Listed => listed += 1,
-                    }
+                    state.apply(&ctx, change);
                     next = tokio::time::timeout_at(deadline, rx.recv()).await.ok().flatten();
                 }
-                if listed >= kinds.len() && ctx.snapshot.read().await.is_some() {
-                    ctx.ready.store(true, Ordering::Relaxed);
-                    process(&ctx, &kinds, &live, std::mem::take(&mut dirty)).await;
-                }
+            }
+        }
+        if state.synced(&ctx) && ctx.snapshot.read().await.is_some() {
+            ctx.synced.store(true, Ordering::Relaxed);
+            if !state.dirty.is_empty() {
+                state.process(&ctx).await;
             }
         }
     };
@@ -168,25 +272,41 @@ async fn refresh_snapshot(ctx: &Context) -> bool {
     }
 }
 
-/// Plans and applies every dirty object, kinds in profile order.
-async fn process(ctx: &Context, kinds: &[KindProfile], live: &LiveIndex, dirty: HashMap<String, Instant>) {
-    let Some(snapshot) = ctx.snapshot.read().await.clone() else { return };
+/// Plans and applies every dirty object, kinds in profile order. Returns each object's uid
+/// and whether its restore failed.
+async fn process(
+    ctx: &Context,
+    kinds: &[KindProfile],
+    live: &LiveIndex,
+    dirty: HashMap<String, Instant>,
+) -> Vec<(String, bool)> {
+    let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
+    let mut results = Vec::with_capacity(dirty.len());
     for kind in kinds {
         let uids: Vec<(&String, &Instant)> =
             dirty.iter().filter(|(uid, _)| live.objects.get(*uid).is_some_and(|o| o.kind == kind.kind)).collect();
-        stream::iter(uids)
-            .for_each_concurrent(ctx.options.concurrency.max(1), |(uid, seen)| {
+        let done: Vec<(String, bool)> = stream::iter(uids)
+            .map(|(uid, seen)| {
                 let snapshot = snapshot.clone();
                 async move {
-                    let Some((records, objects)) = live.neighbourhood(uid, &snapshot) else { return };
-                    reconcile(ctx, kind, &snapshot.manifest, &records, &objects, uid, *seen).await;
+                    let failed = match live.neighbourhood(uid, &snapshot) {
+                        Some((records, objects)) => {
+                            reconcile(ctx, kind, &snapshot.manifest, &records, &objects, uid, *seen).await
+                        }
+                        None => false,
+                    };
+                    (uid.clone(), failed)
                 }
             })
+            .buffer_unordered(ctx.options.concurrency.max(1))
+            .collect()
             .await;
+        results.extend(done);
     }
+    results
 }
 
-/// One object: the plan's verdict for it, applied if it writes.
+/// One object: the plan's verdict for it, applied if it writes. True when the write failed.
 async fn reconcile(
     ctx: &Context,
     kind: &KindProfile,
@@ -195,7 +315,7 @@ async fn reconcile(
     objects: &[LiveObject],
     uid: &str,
     seen: Instant,
-) {
+) -> bool {
     let input = PlanInput {
         profile: &ctx.options.profile,
         snapshot: &manifest.snapshot_id,
@@ -206,63 +326,85 @@ async fn reconcile(
     };
     let plan = plan::plan(&input);
     let mine = |i: &&plan::PlanItem| i.live.is_some_and(|l| objects[l].uid == uid);
-    let Some(item) = plan.items.iter().find(mine) else { return };
+    let Some(item) = plan.items.iter().find(mine) else { return false };
     ctx.metrics.decided(item.verdict);
     if !item.writes() {
-        return;
+        return false;
     }
     let writer = match ctx.writer.get_or_try_init(|| Writer::new(&ctx.client, &ctx.options.profile)).await {
         Ok(writer) => writer,
         Err(e) => {
             ctx.metrics.errors.inc();
-            warn!(error = %e, "cannot write yet; retried on the next change or snapshot refresh");
-            return;
+            warn!(error = %e, "cannot write yet; retried after a backoff");
+            return true;
         }
     };
     let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force);
     let outcome = applier.apply_item(kind, item, objects).await;
     if let Some(error) = &outcome.error {
         ctx.metrics.errors.inc();
-        warn!(object = %outcome.object, error, "restore failed; retried on the next change or snapshot refresh");
-    } else if outcome.verdict == Verdict::Restore {
+        warn!(object = %outcome.object, error, "restore failed; retried after a backoff");
+        return true;
+    }
+    if outcome.verdict == Verdict::Restore {
         ctx.metrics.restore_latency.observe(seen.elapsed().as_secs_f64());
         info!(object = %outcome.object, snapshot = %manifest.snapshot_id, "status restored");
     }
+    false
 }
 
-/// Streams one kind's objects into the main loop.
+/// Streams one kind's objects into the main loop: upserts and deletions, each complete
+/// (re-)list with the uids it held, and the kind's unavailability while it cannot be watched
+/// (the watcher backs off as kube-runtime's default backoff says).
 async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSender<Change>) {
     let api = api_for(&ctx.client, &kind, None);
     let mut config = watcher::Config::default();
     if let Some(selector) = &ctx.options.selector {
         config = config.labels(selector);
     }
-    let mut seen: HashSet<String> = HashSet::new();
-    let mut events = watcher(api, config).boxed();
+    let mut listing: HashSet<String> = HashSet::new();
+    let mut events = watcher(api, config).default_backoff().boxed();
     loop {
-        match events.try_next().await {
-            Ok(Some(event)) => {
-                let change = match event {
-                    watcher::Event::Apply(o) | watcher::Event::InitApply(o) => {
-                        LiveObject::from_dynamic(&kind, &o).ok().map(Change::Upsert)
-                    }
-                    watcher::Event::Delete(o) => o.metadata.uid.clone().map(Change::Delete),
-                    watcher::Event::InitDone if seen.insert(kind.kind.clone()) => Some(Change::Listed),
-                    watcher::Event::Init | watcher::Event::InitDone => None,
-                };
-                if let Some(change) = change
-                    && tx.send(change).is_err()
-                {
-                    return;
-                }
+        let change = match events.try_next().await {
+            Ok(Some(watcher::Event::Apply(o))) => LiveObject::from_dynamic(&kind, &o).ok().map(Change::Upsert),
+            Ok(Some(watcher::Event::InitApply(o))) => {
+                listing.extend(o.metadata.uid.clone());
+                LiveObject::from_dynamic(&kind, &o).ok().map(Change::Upsert)
+            }
+            Ok(Some(watcher::Event::Delete(o))) => o.metadata.uid.clone().map(Change::Delete),
+            Ok(Some(watcher::Event::Init)) => {
+                listing.clear();
+                None
+            }
+            Ok(Some(watcher::Event::InitDone)) => {
+                Some(Change::Listed { kind: kind.kind.clone(), uids: std::mem::take(&mut listing) })
             }
             Ok(None) => return,
             Err(e) => {
                 ctx.metrics.errors.inc();
-                debug!(kind = %kind.qualified_kind(), error = %e, "watch error; the watcher retries");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                Some(Change::Unavailable { kind: kind.kind.clone(), reason: unavailable_reason(&e) })
             }
+        };
+        if let Some(change) = change
+            && tx.send(change).is_err()
+        {
+            return;
         }
+    }
+}
+
+/// Why a kind cannot be watched, for the log, the metric and `/readyz`.
+fn unavailable_reason(error: &watcher::Error) -> String {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => Some(s),
+        watcher::Error::WatchError(s) => Some(s),
+        _ => None,
+    };
+    match status {
+        Some(s) if s.code == 404 => "not served by the API server (no CRD)".into(),
+        Some(s) if s.code == 403 => "forbidden by RBAC".into(),
+        _ => error.to_string(),
     }
 }
 
@@ -302,6 +444,7 @@ pub async fn run_elected(
         acquired = leadership.acquired() => acquired?,
     }
     ctx.metrics.leader.set(1);
+    ctx.leading.store(true, Ordering::Relaxed);
     info!(identity = election.identity, "leading: controller running");
     let work = async {
         match role {
@@ -317,6 +460,76 @@ pub async fn run_elected(
         _ = leadership.lost() => Err(Error::Leader("leadership lost; exiting so that a restart rejoins the election".into())),
     };
     ctx.metrics.leader.set(0);
+    ctx.leading.store(false, Ordering::Relaxed);
     server.abort();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{self, uuid};
+
+    fn context() -> Arc<Context> {
+        let (client, _api) = fixtures::api::client();
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let options = ControllerOptions {
+            profile: Profile::metal_operator(),
+            selector: None,
+            force: false,
+            allow_inconsistent: false,
+            concurrency: 1,
+            snapshot_refresh: Duration::from_secs(60),
+            batch_window: Duration::from_millis(10),
+        };
+        Context::new(client, store, options)
+    }
+
+    fn state(ctx: &Context) -> Loop {
+        Loop {
+            kinds: ctx.options.profile.kinds.clone(),
+            live: LiveIndex::default(),
+            dirty: HashMap::new(),
+            retries: Retries::default(),
+            listed: HashSet::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_relist_drops_the_objects_it_no_longer_holds() {
+        let ctx = context();
+        let mut state = state(&ctx);
+        for name in ["x", "y"] {
+            state.apply(&ctx, Change::Upsert(fixtures::live("Server", name, &[uuid(name)], None)));
+        }
+        state.retries.failed("x", Instant::now());
+        // After an API server restart the watch lists again: x was deleted meanwhile, and z
+        // came with x's identity key.
+        state.apply(&ctx, Change::Upsert(fixtures::live("Server", "z", &[uuid("x")], None)));
+        state.apply(&ctx, Change::Listed { kind: "Server".into(), uids: ["y", "z"].map(String::from).into() });
+        let mut uids = state.live.uids_of("Server");
+        uids.sort();
+        assert_eq!(uids, ["y", "z"]);
+        assert!(!state.dirty.contains_key("x") && state.retries.is_empty(), "x is forgotten everywhere");
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_every_kind_listed_or_unavailable_and_a_standby_is_ready() {
+        let ctx = context();
+        let mut state = state(&ctx);
+        ctx.leading.store(true, Ordering::Relaxed);
+        assert!(!ctx.is_ready());
+        let kinds: Vec<String> = state.kinds.iter().map(|k| k.kind.clone()).collect();
+        for kind in &kinds[1..] {
+            state.apply(&ctx, Change::Listed { kind: kind.clone(), uids: HashSet::new() });
+        }
+        assert!(!state.synced(&ctx));
+        state.apply(&ctx, Change::Unavailable { kind: kinds[0].clone(), reason: "forbidden by RBAC".into() });
+        assert!(state.synced(&ctx), "an unavailable kind is reported, not waited for");
+        assert_eq!(ctx.unavailable_kinds().get(&kinds[0]).map(String::as_str), Some("forbidden by RBAC"));
+        state.apply(&ctx, Change::Listed { kind: kinds[0].clone(), uids: HashSet::new() });
+        assert!(ctx.unavailable_kinds().is_empty(), "picked up when it can be listed");
+        ctx.leading.store(false, Ordering::Relaxed);
+        assert!(ctx.is_ready(), "a standby is ready");
+    }
 }

@@ -181,7 +181,13 @@ impl KindProfile {
     }
 
     pub fn is_denied(&self) -> bool {
-        DENIED_KINDS.iter().any(|(group, kind)| self.group == *group && self.kind == *kind)
+        // Compared without case, by kind and by plural, with `core` as the core group's other
+        // name: no spelling of a credential kind reaches its URL.
+        let group = if self.group.eq_ignore_ascii_case("core") { "" } else { self.group.as_str() };
+        DENIED_KINDS.iter().any(|(denied_group, kind)| {
+            group.eq_ignore_ascii_case(denied_group)
+                && (self.kind.eq_ignore_ascii_case(kind) || self.plural.eq_ignore_ascii_case(&format!("{kind}s")))
+        })
     }
 
     /// Every non-empty key of the object, in profile order: the first is the primary key.
@@ -267,6 +273,7 @@ impl Profile {
             if kind.plural.is_empty() {
                 kind.plural = format!("{}s", kind.kind.to_lowercase());
             }
+            validate_names(kind).map_err(|reason| err(format!("{}: {reason}", kind.kind)))?;
             if let Some(bad) = kind.keys.iter().find(|k| k.path.is_empty() || k.path.split('.').any(str::is_empty)) {
                 return Err(err(format!("{}: key path {:?} is not a dotted path", kind.kind, bad.path)));
             }
@@ -279,6 +286,30 @@ impl Profile {
     }
 }
 
+/// Group, version and plural become parts of a URL path: each must be what the API server
+/// accepts (a DNS subdomain; DNS labels), so nothing else can reach a URL.
+fn validate_names(kind: &KindProfile) -> Result<(), String> {
+    let label = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    };
+    if !kind.kind.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(format!("kind {:?} is not alphanumeric", kind.kind));
+    }
+    if !kind.group.is_empty() && (kind.group.len() > 253 || !kind.group.split('.').all(label)) {
+        return Err(format!("group {:?} is not a DNS subdomain", kind.group));
+    }
+    if !label(&kind.version) {
+        return Err(format!("version {:?} is not a DNS label", kind.version));
+    }
+    if !label(&kind.plural) {
+        return Err(format!("plural {:?} is not a lowercase DNS label", kind.plural));
+    }
+    Ok(())
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,5 +428,37 @@ kinds:
         }
         let missing = Profile::load("/nonexistent/profile.yaml").unwrap_err().to_string();
         assert!(missing.contains("/nonexistent/profile.yaml") && missing.contains("cannot read"), "{missing}");
+    }
+
+    #[test]
+    fn no_spelling_of_a_secret_kind_is_captured() {
+        for spelling in [
+            "{version: v1, kind: secret, namespaced: true}",
+            "{group: core, version: v1, kind: Secret}",
+            "{version: v1, kind: Opaque, plural: secrets}",
+            "{version: v1, kind: SECRET, plural: secrets}",
+            "{group: metal.ironcore.dev, version: v1alpha1, kind: bmcsecret}",
+            "{group: METAL.ironcore.dev, version: v1alpha1, kind: Thing, plural: bmcsecrets}",
+        ] {
+            let text = format!("name: t\nkinds:\n- {spelling}\n");
+            match Profile::parse("t", &text) {
+                Ok(profile) => assert!(profile.kinds[0].is_denied(), "{spelling} must be denied"),
+                Err(e) => assert!(e.to_string().contains("not a"), "{spelling}: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn names_that_would_reach_a_url_are_validated() {
+        for (spelling, problem) in [
+            ("{group: 'a/b', version: v1, kind: X}", "group \"a/b\" is not a DNS subdomain"),
+            ("{version: '../v1', kind: X}", "version \"../v1\" is not a DNS label"),
+            ("{version: v1, kind: X, plural: 'x?watch=1'}", "plural \"x?watch=1\" is not a lowercase DNS label"),
+            ("{version: v1, kind: X, plural: Xs}", "plural \"Xs\" is not a lowercase DNS label"),
+            ("{version: v1, kind: 'X/y'}", "kind \"X/y\" is not alphanumeric"),
+        ] {
+            let err = Profile::parse("p.yaml", &format!("name: t\nkinds:\n- {spelling}\n")).unwrap_err().to_string();
+            assert!(err.contains("p.yaml") && err.contains(problem), "{spelling}: {err}");
+        }
     }
 }
