@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::bed::{
     Bed, QUIESCE_PATCH, TARGET, assert_success, fleet_state, foreign_patches, merge_patch, simulate_move, stderr,
-    unique,
+    stdout, unique,
 };
 
 struct Controller {
@@ -226,6 +226,51 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
     let status = json!({"status": {"indicatorLED": "On"}});
     let denied = servers.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
     assert!(matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403), "status patch: {denied:?}");
+
+    // An operation restatus did not set: it may not be removed or changed, only kept aside
+    // while restatus quiesces, and put back.
+    let server = format!("servers.metal.ironcore.dev/{name}");
+    let park = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"park"}}}"#;
+    assert_success(&bed.kubectl(&bed.target_kubeconfig, &merge_patch(None, &server, park)), "a user parks");
+    let removal = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":null}}}"#;
+    let out = bed.kubectl(&kubeconfig, &merge_patch(None, &server, removal));
+    assert!(stderr(&out).contains("may not remove or change an operation it did not set"), "{}", stderr(&out));
+    let keep = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus","restatus.ironcore.dev/operation-was":"park"}}}"#;
+    let back = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"park","restatus.ironcore.dev/quiesced-by":null,"restatus.ironcore.dev/operation-was":null}}}"#;
+    bed.assert_allowed(&kubeconfig, &[merge_patch(None, &server, keep), merge_patch(None, &server, back)]);
+}
+
+/// `kustomize edit set namespace ops`: the controller's admission policy still binds its
+/// ServiceAccount, now in another namespace.
+#[tokio::test]
+async fn the_admission_policy_holds_in_another_namespace() {
+    let _target = TARGET.write().await; // re-binds the cluster-wide roles to another namespace
+    let bed = Bed::get();
+    let ns = unique("ops");
+    let overlay = bed.scratch.path().join(&ns);
+    std::fs::create_dir_all(&overlay).unwrap();
+    let manifests = format!("{}/manifests", env!("CARGO_MANIFEST_DIR"));
+    let kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: {ns}\nresources:\n- {manifests}/base\n- {manifests}/controller\n"
+    );
+    std::fs::write(overlay.join("kustomization.yaml"), kustomization).unwrap();
+    let kubectl = |args: &[&str]| bed.kubectl(&bed.target_kubeconfig, args);
+    assert_success(&kubectl(&["apply", "-k", overlay.to_str().unwrap()]), "apply the overlay");
+    let token = kubectl(&["-n", &ns, "create", "token", "restatus-controller"]);
+    assert_success(&token, "create token");
+    let as_controller = bed.kubeconfig_with_token(&bed.target_kubeconfig, &ns, stdout(&token).trim());
+
+    let spec = FleetSpec::new(&unique("nsx"), 1, 1, 0);
+    fleet::create(&bed.target().await, &spec, 2).await.unwrap();
+    let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
+    let out = bed.kubectl(&as_controller, &merge_patch(None, &server, r#"{"spec":{"power":"Off"}}"#));
+    let denied = stderr(&out);
+    // Put the shipped namespace's bindings back before asserting, for the tests that follow.
+    for dir in ["base", "controller"] {
+        assert_success(&kubectl(&["apply", "-k", &format!("{manifests}/{dir}")]), "restore the bindings");
+    }
+    let _ = kubectl(&["delete", "namespace", &ns, "--wait=false"]);
+    assert!(denied.contains("may not change spec"), "the policy must hold in {ns}: {denied}");
 }
 
 #[tokio::test]

@@ -395,7 +395,7 @@ async fn damaged_and_foreign_snapshots_are_skipped_for_the_previous_good_one() {
     let out = s.bed.restatus(&s.storage, &s.cluster, &["backup", "--selector", &s.spec.selector()]);
     assert_success(&out, "second backup");
     let damaged: restatus::format::SnapshotId = stdout(&out).trim().parse().unwrap();
-    let payload = store.payload(&damaged).await.unwrap();
+    let payload = store.payload_bytes(&damaged).await.unwrap();
     object_store::ObjectStoreExt::put(
         store.object_store().as_ref(),
         &store.payload_path(&damaged),

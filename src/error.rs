@@ -33,6 +33,12 @@ pub enum Error {
     )]
     NoGoodSnapshot { cluster: String, location: String, passed_over: usize },
 
+    /// A payload above the read limit (checked before downloading it).
+    #[error(
+        "snapshot {snapshot}: payload is {size} bytes, above the limit of {limit} bytes (--max-snapshot-size raises it)"
+    )]
+    TooLarge { snapshot: String, size: u64, limit: u64 },
+
     /// No complete snapshot of the cluster at all.
     #[error("no complete snapshot for cluster {cluster} in {location}")]
     NoSnapshot { cluster: String, location: String },
@@ -100,6 +106,7 @@ impl Error {
             Error::Inconsistent { .. } => "inconsistent_snapshot",
             Error::NoGoodSnapshot { .. } => "no_good_snapshot",
             Error::NoSnapshot { .. } => "no_snapshot",
+            Error::TooLarge { .. } => "too_large",
             Error::InvalidSnapshotId(_) => "invalid_snapshot_id",
             Error::Profile { .. } => "profile",
             Error::Cron { .. } => "cron",

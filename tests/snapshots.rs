@@ -133,7 +133,7 @@ async fn a_flipped_byte_fails_the_checksum_before_decompressing() {
     let store = store("c");
     let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"a":1}"#)]).await;
     let path = store.payload_path(&m.snapshot_id);
-    let mut bytes = store.payload(&m.snapshot_id).await.unwrap().to_vec();
+    let mut bytes = store.payload_bytes(&m.snapshot_id).await.unwrap().to_vec();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x01;
     replace(&store, &path, bytes).await;
@@ -145,7 +145,7 @@ async fn a_flipped_byte_fails_the_checksum_before_decompressing() {
 async fn a_truncated_payload_is_reported_as_truncated() {
     let store = store("c");
     let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"a":1}"#), record(2, r#"{"b":2}"#)]).await;
-    let bytes = store.payload(&m.snapshot_id).await.unwrap();
+    let bytes = store.payload_bytes(&m.snapshot_id).await.unwrap();
     replace(&store, &store.payload_path(&m.snapshot_id), bytes[..bytes.len() - 7].to_vec()).await;
     let err = load_err(&store, &m.snapshot_id).await;
     assert!(err.contains(m.snapshot_id.as_str()) && err.contains("truncated"), "{err}");
@@ -222,7 +222,7 @@ async fn a_snapshot_of_another_cluster_is_foreign() {
     let m = write(&store_a, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
     // Copy the whole snapshot under cluster-b's folder of the same bucket.
     let store_b = SnapshotStore::new(store_a.object_store().clone(), "", "cluster-b", "memory://".into()).unwrap();
-    let payload = store_a.payload(&m.snapshot_id).await.unwrap();
+    let payload = store_a.payload_bytes(&m.snapshot_id).await.unwrap();
     replace(&store_b, &store_b.payload_path(&m.snapshot_id), payload.to_vec()).await;
     replace(&store_b, &store_b.manifest_path(&m.snapshot_id), m.to_json()).await;
     let err = load_err(&store_b, &m.snapshot_id).await;
@@ -292,6 +292,30 @@ async fn retention_keeps_the_last_consistent_snapshot_behind_fifty_inconsistent_
     let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
     assert_eq!(loaded.manifest.snapshot_id, consistent[2]);
     assert_eq!(loaded.passed_over.len(), 48);
+}
+
+#[tokio::test]
+async fn a_payload_above_the_read_limit_fails_before_it_is_downloaded() {
+    let store = store("c");
+    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"a":1}"#)]).await;
+    let limited = store.clone().with_max_payload(m.payload.size - 1);
+    let err = limited.load(&m.snapshot_id, |_| Ok(())).await.unwrap_err();
+    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains(m.snapshot_id.as_str()) && text.contains("--max-snapshot-size"), "{text}");
+    // A restore does not fall back to an older snapshot silently: the limit is an error.
+    assert!(matches!(restatus::store::choose_snapshot(&limited, None, false).await, Err(Error::TooLarge { .. })));
+    assert!(store.load(&m.snapshot_id, |_| Ok(())).await.is_ok(), "within the limit it loads");
+}
+
+#[tokio::test]
+async fn an_oversized_manifest_is_refused_before_it_is_read() {
+    let store = store("c");
+    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let huge = vec![b' '; (restatus::store::MAX_MANIFEST + 1) as usize];
+    replace(&store, &store.manifest_path(&m.snapshot_id), huge).await;
+    let err = load_err(&store, &m.snapshot_id).await;
+    assert!(err.contains(m.snapshot_id.as_str()) && err.contains("more than a manifest can have"), "{err}");
 }
 
 trait TakeBytes: std::io::Read + Sized {

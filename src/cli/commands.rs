@@ -22,7 +22,7 @@ use super::{
 
 /// Runs one command; the exit code for commands that have more than success and failure.
 pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
-    let store = SnapshotStore::open(&global.storage, &global.cluster_id)?;
+    let store = SnapshotStore::open(&global.storage, &global.cluster_id)?.with_max_payload(global.max_snapshot_size);
     match command {
         Command::Preflight(args) => return preflight(&global, &store, args).await,
         Command::Backup(args) => {

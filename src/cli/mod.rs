@@ -49,6 +49,10 @@ pub struct Global {
     /// Kubeconfig context.
     #[arg(long, global = true)]
     pub context: Option<String>,
+    /// Snapshot payloads larger than this are refused before they are downloaded (bytes, or
+    /// with a KiB/MiB/GiB suffix).
+    #[arg(long, env = "RESTATUS_MAX_SNAPSHOT_SIZE", default_value = "1GiB", value_parser = parse_size, global = true)]
+    pub max_snapshot_size: u64,
     #[arg(long, env = "RESTATUS_LOG_FORMAT", value_enum, default_value = "plain", global = true)]
     pub log_format: LogFormat,
 }
@@ -226,6 +230,20 @@ pub struct OutputArgs {
     pub output: OutputFormat,
 }
 
+/// A size in bytes: a number, optionally followed by KiB, MiB or GiB.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, unit) = s.trim().split_at(s.trim().find(|c: char| !c.is_ascii_digit()).unwrap_or(s.trim().len()));
+    let unit = match unit.trim() {
+        "" | "B" => 1u64,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?} (use B, KiB, MiB or GiB)")),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size"))?;
+    n.checked_mul(unit).filter(|&b| b > 0).ok_or_else(|| format!("{s:?} is not a size greater than zero"))
+}
+
 /// A duration greater than zero (`0s` would spin a loop or panic a timer).
 fn positive_duration(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s) {
@@ -250,5 +268,14 @@ mod tests {
             assert!(err.to_string().contains("must be greater than zero"), "{flags:?}: {err}");
         }
         assert!(Cli::try_parse_from(["restatus", "controller", "--snapshot-refresh", "1s"]).is_ok());
+    }
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("3MiB"), Ok(3 << 20));
+        assert!(parse_size("2GB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("0").is_err() && parse_size("lots").is_err());
     }
 }

@@ -253,9 +253,17 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     result
 }
 
-/// Loads the newest good snapshot if it is not the one in use. True when it changed.
+/// Loads the newest good snapshot if it is not the one in use. True when it changed. The
+/// listing is compared first: when the newest complete snapshot is the one in use, nothing
+/// is downloaded.
 async fn refresh_snapshot(ctx: &Context) -> bool {
     let current = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
+    if let Some(current) = &current
+        && let Ok(entries) = ctx.store.list().await
+        && entries.iter().rev().find(|e| e.complete).is_some_and(|e| &e.id == current)
+    {
+        return false;
+    }
     match choose_snapshot(&ctx.store, None, ctx.options.allow_inconsistent).await {
         Ok(loaded) if Some(&loaded.manifest.snapshot_id) != current.as_ref() => {
             info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), "using snapshot");

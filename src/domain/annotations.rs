@@ -57,6 +57,9 @@ pub fn release_annotations(annotations: &BTreeMap<String, String>) -> Map<String
 
 /// clusterctl waits while any moved object carries it (the move handshake sets it on Clusters).
 pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move";
+/// On a Cluster whose move restatus let go: the final snapshot taken for it. It carries the
+/// move handshake's phase across a change of leader.
+pub const FINAL_SNAPSHOT_ANNOTATION: &str = "restatus.ironcore.dev/final-snapshot";
 /// Cluster API's mark of a paused Cluster (besides `spec.paused`).
 pub const CAPI_PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 

@@ -26,18 +26,28 @@ use serde_json::{Map, Value, json};
 use tracing::{info, warn};
 
 use crate::backup::{self, BackupOptions};
-use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, QUIESCED_BY_ANNOTATION};
+use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, FINAL_SNAPSHOT_ANNOTATION, QUIESCED_BY_ANNOTATION};
 use crate::format::Manifest;
 use crate::k8s::{FIELD_MANAGER, api_for, events, list_objects};
 use crate::moving::cluster::{self, ClusterView};
 use crate::store::SnapshotStore;
 use crate::{Error, Result, TOOL_NAME};
 
-/// The handshake's memory between two steps.
+/// The handshake's memory between two steps. It is also written on the Clusters it lets go
+/// (their final-snapshot annotation), so a new leader picks it up.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Phase {
     /// The final snapshot taken for the current pause, once consistent.
     pub final_snapshot: Option<String>,
+}
+
+impl Phase {
+    /// What the Clusters remember, where this instance remembers nothing (a new leader).
+    pub fn recall(&mut self, clusters: &[ClusterView]) {
+        if self.final_snapshot.is_none() {
+            self.final_snapshot = clusters.iter().find_map(|c| c.final_snapshot.clone());
+        }
+    }
 }
 
 /// What to do next: pure, from the Clusters and the phase.
@@ -110,6 +120,7 @@ impl Handshake {
 
     pub async fn step(&self, phase: &mut Phase) -> Result<()> {
         let clusters = self.clusters().await?;
+        phase.recall(&clusters);
         match next_step(&clusters, phase) {
             Step::Nothing => {}
             Step::Block(clusters) => {
@@ -143,6 +154,9 @@ impl Handshake {
             Step::Unblock(clusters) => self.unblock(&clusters, phase).await?,
             Step::Release => {
                 let released = self.release().await?;
+                for c in clusters.iter().filter(|c| c.final_snapshot.is_some()) {
+                    self.annotate_cluster(c, json!({ FINAL_SNAPSHOT_ANNOTATION: null })).await?;
+                }
                 info!(released, "Clusters unpaused: the move was aborted; restatus's ignore removed");
                 *phase = Phase::default();
             }
@@ -152,7 +166,8 @@ impl Handshake {
 
     async fn unblock(&self, clusters: &[ClusterView], phase: &Phase) -> Result<()> {
         for c in clusters {
-            self.annotate_cluster(c, json!({ BLOCK_MOVE_ANNOTATION: null })).await?;
+            let annotations = json!({ BLOCK_MOVE_ANNOTATION: null, FINAL_SNAPSHOT_ANNOTATION: phase.final_snapshot });
+            self.annotate_cluster(c, annotations).await?;
             info!(cluster = %format!("{}/{}", c.namespace, c.name), snapshot = ?phase.final_snapshot, "block-move removed: the move may proceed");
         }
         Ok(())
@@ -250,7 +265,23 @@ mod tests {
             infrastructure_provisioned: true,
             control_plane_initialized: true,
             blocked_by_restatus: blocked,
+            final_snapshot: None,
         }
+    }
+
+    #[test]
+    fn a_new_leader_recalls_the_final_snapshot_from_the_clusters() {
+        let mut let_go = cluster("a", true, false);
+        let_go.final_snapshot = Some("S".into());
+        let mut phase = Phase::default();
+        phase.recall(std::slice::from_ref(&let_go));
+        assert_eq!(phase.final_snapshot.as_deref(), Some("S"));
+        assert_eq!(next_step(std::slice::from_ref(&let_go), &phase), Step::Nothing, "no second final snapshot");
+        // The move is aborted under the new leader: it releases what the old one quiesced.
+        let aborted = ClusterView { paused: false, ..let_go };
+        let mut phase = Phase::default();
+        phase.recall(std::slice::from_ref(&aborted));
+        assert_eq!(next_step(&[aborted], &phase), Step::Release);
     }
 
     #[test]

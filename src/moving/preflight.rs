@@ -227,6 +227,7 @@ mod tests {
             infrastructure_provisioned: infra,
             control_plane_initialized: cp,
             blocked_by_restatus: false,
+            final_snapshot: None,
         }
     }
 

@@ -59,7 +59,7 @@ pub async fn choose_snapshot(
                 passed_over.push(Passed { snapshot: entry.id.to_string(), reason: inconsistent(&manifest) });
             }
             Ok((manifest, records)) => return Ok(Loaded { manifest, records, passed_over }),
-            Err(e @ (Error::Store { .. } | Error::Io { .. })) => return Err(e),
+            Err(e @ (Error::Store { .. } | Error::Io { .. } | Error::TooLarge { .. })) => return Err(e),
             Err(e) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot skipped; trying the previous one");
                 passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });

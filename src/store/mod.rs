@@ -35,6 +35,12 @@ use crate::{Error, Result};
 /// Where snapshots go when nothing is configured.
 pub const DEFAULT_STORAGE: &str = "file://./restatus-snapshots";
 
+/// No manifest is larger: 100 reasons and the per-kind counts take a few KiB; key conflicts
+/// are listed in full, so leave room for many.
+pub const MAX_MANIFEST: u64 = 16 << 20;
+/// The largest payload read unless raised (`--max-snapshot-size`): some 400k records.
+pub const DEFAULT_MAX_PAYLOAD: u64 = 1 << 30;
+
 /// Multipart part size for payload uploads; also the most a backup buffers before uploading.
 const UPLOAD_CAPACITY: usize = 8 << 20;
 
@@ -56,6 +62,8 @@ pub struct SnapshotStore {
     cluster_id: String,
     /// The storage URL with any credentials removed, for messages.
     location: String,
+    /// Payloads larger than this are refused before they are downloaded.
+    max_payload: u64,
 }
 
 impl std::fmt::Debug for SnapshotStore {
@@ -76,7 +84,19 @@ impl SnapshotStore {
         validate_cluster_id(cluster_id)?;
         let mut root = Path::from(prefix);
         root = root.clone().join(cluster_id);
-        Ok(SnapshotStore { store, root, cluster_id: cluster_id.to_string(), location })
+        Ok(SnapshotStore {
+            store,
+            root,
+            cluster_id: cluster_id.to_string(),
+            location,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+        })
+    }
+
+    /// Reads payloads of up to `bytes`; larger ones fail before they are downloaded.
+    pub fn with_max_payload(mut self, bytes: u64) -> Self {
+        self.max_payload = bytes;
+        self
     }
 
     pub fn cluster_id(&self) -> &str {
@@ -151,6 +171,16 @@ impl SnapshotStore {
 
     /// Reads and checks a manifest: known major version, and this cluster's.
     pub async fn manifest(&self, id: &SnapshotId) -> Result<Manifest> {
+        match self.store.head(&self.manifest_path(id)).await {
+            Ok(meta) if meta.size > MAX_MANIFEST => {
+                let reason =
+                    format!("manifest has {} bytes, more than a manifest can have ({MAX_MANIFEST})", meta.size);
+                return Err(Error::corrupt(id, reason));
+            }
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => return Err(Error::SnapshotNotFound(id.to_string())),
+            Err(e) => return Err(Error::store(format!("read manifest of snapshot {id}"), e)),
+        }
         let bytes = match self.store.get(&self.manifest_path(id)).await {
             Ok(result) => result.bytes().await,
             Err(e) => Err(e),
@@ -176,7 +206,31 @@ impl SnapshotStore {
         Ok(manifest)
     }
 
-    pub async fn payload(&self, id: &SnapshotId) -> Result<Bytes> {
+    /// The payload's bytes, after checking the stored object's size against the manifest's
+    /// and against [`SnapshotStore::max_payload`], before anything is downloaded.
+    pub async fn payload(&self, manifest: &Manifest) -> Result<Bytes> {
+        let id = &manifest.snapshot_id;
+        let path = self.payload_path(id);
+        let stored = match self.store.head(&path).await {
+            Ok(meta) => meta.size,
+            Err(object_store::Error::NotFound { .. }) => return Err(Error::corrupt(id, "payload is missing")),
+            Err(e) => return Err(Error::store(format!("read payload of snapshot {id}"), e)),
+        };
+        if stored != manifest.payload.size {
+            let reason = format!(
+                "payload has {stored} bytes, manifest declares {} (truncated or replaced)",
+                manifest.payload.size
+            );
+            return Err(Error::corrupt(id, reason));
+        }
+        if stored > self.max_payload {
+            return Err(Error::TooLarge { snapshot: id.to_string(), size: stored, limit: self.max_payload });
+        }
+        self.payload_bytes(id).await
+    }
+
+    /// The payload's bytes as stored, unchecked (tests damage them).
+    pub async fn payload_bytes(&self, id: &SnapshotId) -> Result<Bytes> {
         let result = match self.store.get(&self.payload_path(id)).await {
             Ok(result) => result.bytes().await,
             Err(e) => Err(e),
@@ -191,7 +245,7 @@ impl SnapshotStore {
     /// every record. Hands each record to `visit`.
     pub async fn load(&self, id: &SnapshotId, visit: impl FnMut(Record) -> Result<()>) -> Result<Manifest> {
         let manifest = self.manifest(id).await?;
-        let payload = self.payload(id).await?;
+        let payload = self.payload(&manifest).await?;
         verify_payload(&manifest, &payload)?;
         decode_records(&manifest, &payload, visit)?;
         Ok(manifest)
