@@ -48,7 +48,12 @@ impl Controller {
         let log = bed.scratch.path().join(format!("controller-{port}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
             .args(["controller", "--selector", selector, "--snapshot-refresh", "2s", "--lease-namespace", lease_ns])
-            .args(["--lease-name", &unique("lease"), "--http-addr", &format!("127.0.0.1:{port}")])
+            .args(["--http-addr", &format!("127.0.0.1:{port}")])
+            .args(if extra.contains(&"--lease-name") {
+                vec![]
+            } else {
+                vec!["--lease-name".to_string(), unique("lease")]
+            })
             .args(extra)
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -247,15 +252,21 @@ async fn the_admission_policy_holds_in_another_namespace() {
     let _target = TARGET.write().await; // re-binds the cluster-wide roles to another namespace
     let bed = Bed::get();
     let ns = unique("ops");
-    let overlay = bed.scratch.path().join(&ns);
-    std::fs::create_dir_all(&overlay).unwrap();
+    // What `kustomize edit set namespace NS` does, on a copy of the shipped folders.
     let manifests = format!("{}/manifests", env!("CARGO_MANIFEST_DIR"));
-    let kustomization = format!(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: {ns}\nresources:\n- {manifests}/base\n- {manifests}/controller\n"
-    );
-    std::fs::write(overlay.join("kustomization.yaml"), kustomization).unwrap();
+    let copy = bed.scratch.path().join(&ns);
     let kubectl = |args: &[&str]| bed.kubectl(&bed.target_kubeconfig, args);
-    assert_success(&kubectl(&["apply", "-k", overlay.to_str().unwrap()]), "apply the overlay");
+    for dir in ["base", "controller"] {
+        let to = copy.join(dir);
+        std::fs::create_dir_all(&to).unwrap();
+        for file in std::fs::read_dir(format!("{manifests}/{dir}")).unwrap() {
+            let file = file.unwrap().path();
+            let text = std::fs::read_to_string(&file).unwrap();
+            let text = text.replace("\nnamespace: restatus\n", &format!("\nnamespace: {ns}\n"));
+            std::fs::write(to.join(file.file_name().unwrap()), text).unwrap();
+        }
+        assert_success(&kubectl(&["apply", "-k", to.to_str().unwrap()]), &format!("apply {dir} in {ns}"));
+    }
     let token = kubectl(&["-n", &ns, "create", "token", "restatus-controller"]);
     assert_success(&token, "create token");
     let as_controller = bed.kubeconfig_with_token(&bed.target_kubeconfig, &ns, stdout(&token).trim());
@@ -263,7 +274,9 @@ async fn the_admission_policy_holds_in_another_namespace() {
     let spec = FleetSpec::new(&unique("nsx"), 1, 1, 0);
     fleet::create(&bed.target().await, &spec, 2).await.unwrap();
     let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
-    let out = bed.kubectl(&as_controller, &merge_patch(None, &server, r#"{"spec":{"power":"Off"}}"#));
+    tokio::time::sleep(Duration::from_secs(2)).await; // the re-applied policy reaches the API server's cache
+    // The fleet's unclaimed server is powered off: this patch changes its spec.
+    let out = bed.kubectl(&as_controller, &merge_patch(None, &server, r#"{"spec":{"power":"On"}}"#));
     let denied = stderr(&out);
     // Put the shipped namespace's bindings back before asserting, for the tests that follow.
     for dir in ["base", "controller"] {
@@ -388,4 +401,61 @@ async fn a_kind_the_target_does_not_serve_is_reported_and_the_rest_is_restored()
     let (_, metrics) = controller.get("/metrics").await.unwrap();
     assert_eq!(metric(&metrics, "restatus_kind_unavailable{kind=\"ServerGone\"}"), 1.0, "{metrics}");
     assert!(controller.stop().success());
+}
+
+/// Two replicas: the leader is killed in the middle of restoring a fleet. The standby is ready
+/// all along, takes over within the lease duration and finishes; no object is restored twice
+/// (one StatusRestored Event each at most) and none is left quiesced.
+#[tokio::test]
+async fn a_leader_killed_mid_restore_is_replaced_and_nothing_is_written_twice() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("failover"), 60, 60, 30);
+    fleet::create(&bed.source().await, &spec, 16).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+    let lease_ns = unique("lease-ns");
+    ensure_namespace(&bed, &lease_ns).await;
+    let lease = unique("lease");
+    let start = || {
+        let args = ["--lease-name", lease.as_str(), "--concurrency", "2"];
+        Controller::start_with(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, &args)
+    };
+    let (mut a, mut b) = (start(), start());
+    a.wait_ready().await;
+    b.wait_ready().await;
+    let leader_of = |text: &str| metric(text, "restatus_leader") == 1.0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader_is_a = loop {
+        let (_, ma) = a.get("/metrics").await.unwrap_or_default();
+        let (_, mb) = b.get("/metrics").await.unwrap_or_default();
+        if leader_of(&ma) || leader_of(&mb) {
+            break leader_of(&ma);
+        }
+        assert!(Instant::now() < deadline, "no leader within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (leader, standby) = if leader_is_a { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    assert_eq!(standby.get("/readyz").await.map(|(code, _)| code), Some(200), "a standby is ready");
+
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    tokio::time::sleep(Duration::from_millis(700)).await; // in the middle of the restore
+    leader.child.kill().unwrap();
+    let took = wait_restored(&bed, &spec.name, Duration::from_secs(90)).await;
+    eprintln!("the standby finished the restore {took:?} after the leader was killed");
+
+    let events = bed.kubectl(&bed.target_kubeconfig, &["get", "events.events.k8s.io", "-A", "-o", "json"]);
+    assert_success(&events, "kubectl get events");
+    let events: serde_json::Value = serde_json::from_str(&stdout(&events)).unwrap();
+    let mut restored: std::collections::BTreeMap<String, u64> = Default::default();
+    for event in events["items"].as_array().unwrap() {
+        let name = event["regarding"]["name"].as_str().unwrap_or_default();
+        if event["reason"] == "StatusRestored" && name.starts_with(&spec.name) {
+            *restored.entry(name.to_string()).or_default() += event["series"]["count"].as_u64().unwrap_or(1);
+        }
+    }
+    let twice: Vec<_> = restored.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "restored by both replicas: {twice:?}");
+    assert!(standby.get("/metrics").await.is_some_and(|(_, m)| leader_of(&m)), "the standby leads now");
 }
