@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::bed::{
     Bed, QUIESCE_PATCH, TARGET, assert_success, fleet_state, foreign_patches, merge_patch, simulate_move, stderr,
-    unique,
+    stdout, unique,
 };
 
 struct Controller {
@@ -180,7 +180,11 @@ async fn the_controller_restores_objects_as_they_appear() {
 async fn the_controller_rbac_is_sufficient_and_nothing_more() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
-    let kubeconfig = bed.deploy(&bed.target_kubeconfig, &["base", "controller"], "restatus-controller");
+    let kubeconfig = bed.deploy(&bed.target_kubeconfig, &["controller"], "restatus-controller");
+    // manifests/controller stands alone: no backup CronJob comes with it to the target.
+    let cronjobs = bed.kubectl(&bed.target_kubeconfig, &["-n", "restatus", "get", "cronjobs", "-o", "name"]);
+    assert_success(&cronjobs, "get cronjobs");
+    assert_eq!(stdout(&cronjobs).trim(), "", "a CronJob reached the target");
 
     // Sufficient: the controller, as this ServiceAccount, restores a moved fleet.
     let spec = FleetSpec::new(&unique("rbac"), 4, 4, 2);
@@ -200,7 +204,7 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
     denied.extend([
         vec!["delete", &server],
         vec!["get", "secrets", "-A"],
-        vec!["-n", "restatus", "get", "secret", "restatus-s3"],
+        vec!["-n", "restatus", "get", "secret", "restatus-s3-readonly"],
         vec!["get", "bmcsecrets.metal.ironcore.dev"],
         vec!["create", "namespace", "nope"],
     ]);
