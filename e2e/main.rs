@@ -3,6 +3,7 @@
 
 mod backup;
 mod bed;
+mod chart;
 mod controller;
 mod moving;
 mod restore;
