@@ -7,3 +7,4 @@ mod chart;
 mod controller;
 mod moving;
 mod restore;
+mod s3;
