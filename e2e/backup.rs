@@ -165,9 +165,9 @@ async fn secrets_are_never_captured_even_when_a_profile_names_them() {
 #[tokio::test]
 async fn least_privilege_service_account_can_back_up_and_cannot_read_secrets() {
     let bed = Bed::get();
-    let manifests = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base");
+    let manifests = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/backup");
     let apply = bed.kubectl(&bed.source_kubeconfig, &["apply", "-k", manifests]);
-    assert_success(&apply, "kubectl apply -k manifests/base");
+    assert_success(&apply, "kubectl apply -k manifests/backup");
     let token = bed.kubectl(&bed.source_kubeconfig, &["-n", "restatus", "create", "token", "restatus-backup"]);
     assert_success(&token, "kubectl create token");
     let kubeconfig = bed.kubeconfig_with_token(&bed.source_kubeconfig, "restatus-backup", stdout(&token).trim());

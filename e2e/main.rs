@@ -3,6 +3,8 @@
 
 mod backup;
 mod bed;
+mod chart;
 mod controller;
 mod moving;
 mod restore;
+mod s3;

@@ -653,7 +653,7 @@ impl Drop for Reaped {
 async fn the_source_role_rbac_is_sufficient_and_nothing_more() {
     let fx = Fixture::new(4, 2, 0).await;
     let bed = &fx.bed;
-    let kubeconfig = bed.deploy(&bed.source_kubeconfig, &["base", "source"], "restatus-source");
+    let kubeconfig = bed.deploy(&bed.source_kubeconfig, &["source"], "restatus-source");
 
     // Sufficient: as this ServiceAccount, the handshake blocks, snapshots, quiesces, lets go
     // and, the move aborted, releases and blocks again.
