@@ -43,6 +43,13 @@ impl LiveIndex {
         self.objects.insert(object.uid.clone(), object);
     }
 
+    /// BMCs and Servers that still carry restatus's `ignore`: restored, maybe waiting for
+    /// their Servers or claim.
+    pub fn held(&self) -> impl Iterator<Item = &String> {
+        let waits = |o: &&LiveObject| matches!(o.kind.as_str(), "BMC" | "Server") && o.quiesced_by_restatus();
+        self.objects.values().filter(waits).map(|o| &o.uid)
+    }
+
     /// The uids of the live objects of `kind`.
     pub fn uids_of(&self, kind: &str) -> Vec<String> {
         self.objects.values().filter(|o| o.kind == kind).map(|o| o.uid.clone()).collect()

@@ -6,7 +6,9 @@
 //! records that share its keys, and the live objects that share theirs. So an object that
 //! appears with an empty status gets its status back, a restored one is "already equal", and
 //! ambiguity is judged exactly as the one-shot plan judges it. The newest good snapshot is
-//! reloaded every `snapshot_refresh`; a new one makes every object dirty again.
+//! reloaded every `snapshot_refresh`; a new one makes every object dirty again. A Server or
+//! ServerClaim that appears makes the BMCs and Servers restatus still keeps ignored dirty: one
+//! may be waiting for it.
 
 pub mod http;
 pub mod index;
@@ -26,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
-use crate::format::{Manifest, Record};
+use crate::format::Record;
 use crate::k8s::leader::Leadership;
 use crate::k8s::{Writer, api_for};
 use crate::moving::handshake::Handshake;
@@ -153,6 +155,12 @@ impl Loop {
         match change {
             Change::Upsert(object) => {
                 self.dirty.entry(object.uid.clone()).or_insert_with(Instant::now);
+                // An object restatus keeps ignored may be waiting for this one.
+                let partner = matches!(object.kind.as_str(), "Server" | "ServerClaim");
+                if partner && !self.live.objects.contains_key(&object.uid) {
+                    let now = Instant::now();
+                    self.dirty.extend(self.live.held().map(|uid| (uid.clone(), now)));
+                }
                 self.live.upsert(object);
             }
             Change::Delete(uid) => self.forget(&uid),
@@ -299,7 +307,7 @@ async fn process(
                 async move {
                     let failed = match live.neighbourhood(uid, &snapshot) {
                         Some((records, objects)) => {
-                            reconcile(ctx, kind, &snapshot.manifest, &records, &objects, uid, *seen).await
+                            reconcile(ctx, kind, &snapshot, &records, &objects, uid, *seen).await
                         }
                         None => false,
                     };
@@ -318,12 +326,13 @@ async fn process(
 async fn reconcile(
     ctx: &Context,
     kind: &KindProfile,
-    manifest: &Manifest,
+    snapshot: &SnapshotIndex,
     records: &[Record],
     objects: &[LiveObject],
     uid: &str,
     seen: Instant,
 ) -> bool {
+    let manifest = &snapshot.manifest;
     let input = PlanInput {
         profile: &ctx.options.profile,
         snapshot: &manifest.snapshot_id,
@@ -347,7 +356,8 @@ async fn reconcile(
             return true;
         }
     };
-    let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force);
+    let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
+        .with_snapshot_records(&snapshot.records);
     let outcome = applier.apply_item(kind, item, objects).await;
     if let Some(error) = &outcome.error {
         ctx.metrics.errors.inc();

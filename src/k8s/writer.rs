@@ -105,10 +105,20 @@ impl Writer {
     /// Reads the object again, raw.
     pub async fn get(&self, kind: &KindProfile, object: &LiveObject) -> Result<String> {
         let context = || format!("re-read {}", object.object_ref());
-        let request = kube::core::Request::new(kind.list_path_in(object.namespace.as_deref()))
-            .get(&object.name, &GetParams::default())
-            .map_err(|e| Error::kube(context(), kube::Error::BuildRequest(e)))?;
-        self.client.request_text(request).await.map_err(|e| Error::kube(context(), e))
+        self.get_named(kind, object.namespace.as_deref(), &object.name).await.map_err(|e| Error::kube(context(), e))
+    }
+
+    /// Reads an object of `kind` by name, raw.
+    pub async fn get_named(
+        &self,
+        kind: &KindProfile,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> std::result::Result<String, kube::Error> {
+        let request = kube::core::Request::new(kind.list_path_in(namespace))
+            .get(name, &GetParams::default())
+            .map_err(kube::Error::BuildRequest)?;
+        self.client.request_text(request).await
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! Per object, a [`WriteSequence`]: quiesce metal-operator with its `ignore` annotation
 //! (unless the object is ignored already), write the record's status, then mark the object
-//! restored and remove restatus's `ignore`; an Event tells what happened. The first two writes
+//! restored and remove restatus's `ignore`; an Event tells what happened. An object whose
+//! partners have yet to arrive stays ignored (see [`WriteSequence::awaited`]); restoring it
+//! again releases it. The first two writes
 //! carry the resourceVersion the decision was made on: when the object changed meanwhile, the
 //! write conflicts, the object is re-read and decided again, so a status that moved on after
 //! the plan is never overwritten. Each step is idempotent, so a rerun finishes whatever a
@@ -28,7 +30,7 @@ use crate::domain::annotations::{self, RESTORED_FROM_ANNOTATION};
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
-use crate::domain::pairing::View;
+use crate::domain::pairing::{METAL_GROUP, ServerView, View};
 use crate::format::{Manifest, ObjectRef, Record};
 use crate::k8s::Writer;
 use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
@@ -48,6 +50,9 @@ pub struct Outcome {
     /// Why the verdict changed during the apply (the object changed after the plan).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Why restatus kept its `ignore` on the object (the object it waits for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// The object's pairing side as the API server answered the last write.
@@ -61,6 +66,8 @@ pub struct Applier<'a> {
     profile: &'a Profile,
     manifest: &'a Manifest,
     records: &'a [Record],
+    /// Every record of the snapshot (`records` may be a part of them), for what a BMC awaits.
+    snapshot_records: &'a [Record],
     force: bool,
 }
 
@@ -72,7 +79,13 @@ impl<'a> Applier<'a> {
         records: &'a [Record],
         force: bool,
     ) -> Self {
-        Applier { writer, profile, manifest, records, force }
+        Applier { writer, profile, manifest, records, snapshot_records: records, force }
+    }
+
+    /// Every record of the snapshot, when the applier plans with a part of them.
+    pub fn with_snapshot_records(mut self, all: &'a [Record]) -> Self {
+        self.snapshot_records = all;
+        self
     }
 
     /// Applies every writing item, kind by kind in plan order, `concurrency` objects at a time.
@@ -100,7 +113,7 @@ impl<'a> Applier<'a> {
                 name: String::new(),
             });
             let error = Some("plan item without a live object: nothing to write".into());
-            return Outcome { object, verdict: item.verdict, writes: 0, reason: None, error, after: None };
+            return Outcome { object, verdict: item.verdict, writes: 0, reason: None, held: None, error, after: None };
         };
         let record = item.record.and_then(|r| self.records.get(r));
         let mut sequence = WriteSequence::new(self, kind, object);
@@ -110,6 +123,7 @@ impl<'a> Applier<'a> {
             verdict: sequence.verdict.unwrap_or(item.verdict),
             writes: sequence.writes,
             reason: sequence.reason.take(),
+            held: sequence.held.take(),
             error: None,
             after: None,
         };
@@ -143,13 +157,24 @@ struct WriteSequence<'a> {
     /// and why.
     verdict: Option<Verdict>,
     reason: Option<String>,
+    /// What the object waits for, when restatus keeps its `ignore`.
+    held: Option<String>,
     writes: usize,
 }
 
 impl<'a> WriteSequence<'a> {
     fn new(applier: &'a Applier<'a>, kind: &'a KindProfile, object: &LiveObject) -> Self {
         let owns_ignore = object.quiesced_by_restatus();
-        WriteSequence { applier, kind, current: object.clone(), owns_ignore, verdict: None, reason: None, writes: 0 }
+        WriteSequence {
+            applier,
+            kind,
+            current: object.clone(),
+            owns_ignore,
+            verdict: None,
+            reason: None,
+            held: None,
+            writes: 0,
+        }
     }
 
     /// Restores (for a `restore` item), releases, and records an Event for a restore. Returns
@@ -166,9 +191,16 @@ impl<'a> WriteSequence<'a> {
             changes.insert(RESTORED_FROM_ANNOTATION.into(), self.applier.manifest.snapshot_id.as_str().into());
         }
         // Whatever the outcome, an ignore that restatus set is removed: the object's status is
-        // settled (restored, equal, or moved on) and metal-operator may take over.
+        // settled (restored, equal, or moved on) and metal-operator may take over; but not
+        // while the object's pairing partner has yet to arrive.
         if self.owns_ignore {
-            changes.extend(annotations::release_annotations(&self.current.annotations));
+            match self.awaited(written.as_deref()).await? {
+                Some(awaited) => {
+                    info!(object = %self.current.object_ref(), %awaited, "keeping restatus's ignore until it is on the target");
+                    self.held = Some(format!("waits for {awaited}"));
+                }
+                None => changes.extend(annotations::release_annotations(&self.current.annotations)),
+            }
         }
         let answer = match changes.is_empty() {
             true => written,
@@ -297,6 +329,65 @@ impl<'a> WriteSequence<'a> {
         writer.merge_patch(self.kind, &self.current, None, &body).await.map_err(|e| Error::kube(context(), e))
     }
 
+    /// What the object waits for before restatus lets metal-operator act on it, if any of it
+    /// is not on the target yet. `clusterctl move` creates owners before what they own, and
+    /// claims last (deepest in the owner chain), so an object released as soon as its status
+    /// is back can meet metal-operator's handling of a missing partner:
+    /// - a Server's ServerClaim (`spec.serverClaimRef`): without it, metal-operator powers the
+    ///   Server off, drops its boot configuration and frees it for other claims;
+    /// - a BMC's Servers: metal-operator creates each system's Server itself (named
+    ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
+    ///   and does not copy the source's. The snapshot tells which Servers the BMC had.
+    ///
+    /// The object is the status write's answer, or read again when there was none.
+    async fn awaited(&self, written: Option<&str>) -> Result<Option<ObjectRef>> {
+        if self.kind.group != METAL_GROUP {
+            return Ok(None);
+        }
+        let profile = self.applier.profile;
+        let partner = |kind: &str| profile.kind(kind).filter(|k| k.group == METAL_GROUP);
+        let wanted: Vec<(&KindProfile, Option<String>, String)> =
+            match (self.kind.kind.as_str(), partner("ServerClaim"), partner("Server")) {
+                ("Server", Some(claims), _) => match self.claim_of(written).await? {
+                    Some((namespace, name)) => vec![(claims, Some(namespace), name)],
+                    None => vec![],
+                },
+                ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.snapshot_records)
+                    .into_iter()
+                    .map(|name| (servers, None, name.to_string()))
+                    .collect(),
+                _ => vec![],
+            };
+        for (kind, namespace, name) in wanted {
+            match self.applier.writer.get_named(kind, namespace.as_deref(), &name).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    return Ok(Some(ObjectRef { kind: kind.kind.clone(), namespace, name }));
+                }
+                Err(e) => {
+                    return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A Server's `spec.serverClaimRef`, from the status write's answer or a fresh read.
+    async fn claim_of(&self, written: Option<&str>) -> Result<Option<(String, String)>> {
+        let json = match written {
+            Some(json) => json.to_string(),
+            None => self.applier.writer.get(self.kind, &self.current).await?,
+        };
+        let object = RawObject::parse(&json).map_err(|e| match written {
+            Some(_) => self.invalid(format!("answer to the status write: {e}")),
+            None => self.invalid(e.to_string()),
+        })?;
+        Ok(match View::of(self.kind, &object) {
+            Some(View::Server(ServerView { claim, .. })) => claim,
+            _ => None,
+        })
+    }
+
     async fn event(&self, item: &PlanItem) {
         let note = format!(
             "status restored from snapshot {} ({}){}",
@@ -317,6 +408,20 @@ impl<'a> WriteSequence<'a> {
     fn invalid(&self, reason: String) -> Error {
         Error::InvalidObject { kind: self.kind.qualified_kind(), name: self.current.name.clone(), reason }
     }
+}
+
+/// The Servers the snapshot holds for BMC `bmc`, by metal-operator's naming of the Servers a
+/// BMC's systems get: `<bmc>-system-<index>`.
+fn servers_of_bmc<'r>(bmc: &str, records: &'r [Record]) -> Vec<&'r str> {
+    let prefix = format!("{bmc}-system-");
+    records
+        .iter()
+        .filter(|r| r.kind == "Server" && r.api_version.starts_with(METAL_GROUP))
+        .filter(|r| {
+            r.name.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|r| r.name.as_str())
+        .collect()
 }
 
 /// The status subresource's new content: exactly the record's status (its raw JSON, as
@@ -388,6 +493,7 @@ mod tests {
     use crate::fixtures::{SNAPSHOT_TIME, live, manifest, record, ts, uuid};
 
     const SERVER: &str = "/apis/metal.ironcore.dev/v1alpha1/servers/server-1";
+    const CLAIM: &str = "/apis/metal.ironcore.dev/v1alpha1/namespaces/a/serverclaims/claim-1";
     const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
     const SNAPSHOT: &str = "20261130T090000.000Z-0a1b2c";
 
@@ -413,6 +519,18 @@ mod tests {
 
     fn snapshot_id() -> String {
         SNAPSHOT.into()
+    }
+
+    /// The Server's ServerClaim is looked up before the release; answers it with `code`.
+    async fn claim_lookup(api: &mut Handle, code: StatusCode) {
+        let claim = match code {
+            StatusCode::OK => json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+                                     "metadata": {"name": "claim-1", "namespace": "a"}}),
+            _ => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                        "code": 404, "message": "serverclaims.metal.ironcore.dev \"claim-1\" not found"}),
+        };
+        let (method, path, _) = answer(api, code, claim.to_string()).await;
+        assert_eq!((method, path.as_str()), (Method::GET, CLAIM));
     }
 
     /// Restores `server-1`, which arrives bare (resourceVersion 1), while `script` plays the
@@ -470,6 +588,7 @@ mod tests {
     async fn the_release_replaces_the_object_as_written_with_only_annotations_changed() {
         let outcome = restore_one(|mut api| async move {
             quiesce_and_replace_status(&mut api).await;
+            claim_lookup(&mut api, StatusCode::OK).await;
             let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
             let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", released.clone(), wanted())).await;
             assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
@@ -489,6 +608,7 @@ mod tests {
     async fn a_release_whose_object_changed_since_the_status_write_patches_the_annotations() {
         let outcome = restore_one(|mut api| async move {
             quiesce_and_replace_status(&mut api).await;
+            claim_lookup(&mut api, StatusCode::OK).await;
             let (method, path, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
             assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
             let released = json!({"user": "kept", "added": "meanwhile", RESTORED_FROM_ANNOTATION: snapshot_id()});
@@ -528,6 +648,9 @@ mod tests {
             let moved_on = json!({"state": "Available", "powerState": "On"});
             let (method, path, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), moved_on.clone())).await;
             assert_eq!((method, path.as_str()), (Method::GET, SERVER), "re-read to decide again");
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), moved_on.clone())).await;
+            assert_eq!((method, path.as_str()), (Method::GET, SERVER), "read for its serverClaimRef");
+            claim_lookup(&mut api, StatusCode::OK).await;
             let (method, path, body) =
                 answer(&mut api, StatusCode::OK, server("4", json!({"user": "kept"}), moved_on)).await;
             assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
@@ -558,5 +681,37 @@ mod tests {
             reason.contains("recreated") && reason.contains("u-1 -> u-2") && reason.contains("other-machine"),
             "{reason}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_server_whose_claim_is_not_on_the_target_yet_is_restored_but_stays_ignored() {
+        let outcome = restore_one(|mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            claim_lookup(&mut api, StatusCode::NOT_FOUND).await;
+            let mut kept = quiesced();
+            kept[RESTORED_FROM_ANNOTATION] = json!(snapshot_id());
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", kept.clone(), wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
+            assert_eq!(body["metadata"]["annotations"], kept, "restored-from added, restatus's ignore kept");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
+        assert_eq!(outcome.held.as_deref(), Some("waits for ServerClaim a/claim-1"));
+    }
+
+    #[test]
+    fn a_bmc_awaits_the_servers_of_its_systems_named_as_metal_operator_names_them() {
+        let server = |name: &str| record("Server", name, &[], json!({}));
+        let records = [
+            server("rack1-bmc-system-0"),
+            server("rack1-bmc-system-1"),
+            server("rack1-bmc-system-x"),
+            server("rack1-bmc-system-"),
+            server("rack1-bmc-2-system-0"),
+            server("other-bmc-system-0"),
+        ];
+        assert_eq!(servers_of_bmc("rack1-bmc", &records), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
+        assert!(servers_of_bmc("rack2-bmc", &records).is_empty());
     }
 }
