@@ -2,7 +2,8 @@
 //!
 //! Per object: quiesce metal-operator with its `ignore` annotation (unless the object is
 //! ignored already), write the record's status, then mark the object restored and remove
-//! restatus's `ignore`; an Event tells what happened. Every write is made as field manager
+//! restatus's `ignore`; an Event tells what happened. An object whose partners have yet to
+//! arrive stays ignored (see [`Applier::awaited`]); restoring it again releases it. Every write is made as field manager
 //! `restatus`. The first two carry the resourceVersion the decision was made on: when the
 //! object changed meanwhile, the write conflicts, the object is re-read and decided again,
 //! so a status that moved on after the plan is never overwritten. Each step is idempotent,
@@ -31,7 +32,7 @@ use tracing::{info, warn};
 use crate::format::{Manifest, ObjectRef, Record};
 use crate::identity::{KindProfile, Profile};
 use crate::object::{self, RawObject};
-use crate::pairing::View;
+use crate::pairing::{METAL_GROUP, ServerView, View};
 use crate::plan::{
     self, LiveObject, OPERATION_ANNOTATION, OPERATION_IGNORE, PlanInput, PlanItem, RESTORED_FROM_ANNOTATION,
     RestorePlan, Verdict,
@@ -56,6 +57,9 @@ pub struct Outcome {
     /// The object's pairing side as the API server answered the last write.
     #[serde(skip)]
     pub after: Option<View>,
+    /// Why restatus kept its `ignore` on the object (the object it waits for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 /// What writing needs beyond one snapshot: the client, the event recorder, and which kinds
@@ -140,10 +144,19 @@ impl Writer {
 
     async fn get(&self, kind: &KindProfile, object: &LiveObject) -> Result<String> {
         let context = || format!("re-read {}", object.object_ref());
-        let request = kube::core::Request::new(kind.list_path_in(object.namespace.as_deref()))
-            .get(&object.name, &GetParams::default())
-            .map_err(|e| Error::kube(context(), kube::Error::BuildRequest(e)))?;
-        self.client.request_text(request).await.map_err(|e| Error::kube(context(), e))
+        self.get_named(kind, object.namespace.as_deref(), &object.name).await.map_err(|e| Error::kube(context(), e))
+    }
+
+    async fn get_named(
+        &self,
+        kind: &KindProfile,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> std::result::Result<String, kube::Error> {
+        let request = kube::core::Request::new(kind.list_path_in(namespace))
+            .get(name, &GetParams::default())
+            .map_err(kube::Error::BuildRequest)?;
+        self.client.request_text(request).await
     }
 }
 
@@ -153,6 +166,8 @@ pub struct Applier<'a> {
     profile: &'a Profile,
     manifest: &'a Manifest,
     records: &'a [Record],
+    /// Every record of the snapshot (`records` may be a part of them), for what a BMC awaits.
+    snapshot_records: &'a [Record],
     force: bool,
 }
 
@@ -164,7 +179,13 @@ impl<'a> Applier<'a> {
         records: &'a [Record],
         force: bool,
     ) -> Self {
-        Applier { writer, profile, manifest, records, force }
+        Applier { writer, profile, manifest, records, snapshot_records: records, force }
+    }
+
+    /// Every record of the snapshot, when the applier plans with a part of them.
+    pub fn with_snapshot_records(mut self, all: &'a [Record]) -> Self {
+        self.snapshot_records = all;
+        self
     }
 
     /// Applies every writing item, kind by kind in plan order, `concurrency` objects at a time.
@@ -184,8 +205,14 @@ impl<'a> Applier<'a> {
 
     pub async fn apply_item(&self, kind: &KindProfile, item: &PlanItem, live: &[LiveObject]) -> Outcome {
         let object = item.live.map(|l| &live[l]).expect("writing items have a live object");
-        let mut outcome =
-            Outcome { object: object.object_ref(), verdict: item.verdict, writes: 0, error: None, after: None };
+        let mut outcome = Outcome {
+            object: object.object_ref(),
+            verdict: item.verdict,
+            writes: 0,
+            error: None,
+            after: None,
+            held: None,
+        };
         match self.apply_object(kind, item, object, &mut outcome).await {
             Ok(()) => {}
             Err(Error::Kube { source: kube::Error::Api(status), .. }) if status.is_not_found() => {
@@ -221,9 +248,16 @@ impl<'a> Applier<'a> {
             annotations.insert(RESTORED_FROM_ANNOTATION.into(), self.manifest.snapshot_id.as_str().into());
         }
         // Whatever the outcome, an ignore that restatus set is removed: the object's status is
-        // settled (restored, equal, or moved on) and metal-operator may take over.
+        // settled (restored, equal, or moved on) and metal-operator may take over; but not
+        // while the object's pairing partner has yet to arrive.
         if owns_ignore {
-            annotations.extend(plan::release_annotations());
+            match self.awaited(kind, &current, written.as_deref()).await? {
+                Some(awaited) => {
+                    info!(object = %outcome.object, %awaited, "keeping restatus's ignore until it is on the target");
+                    outcome.held = Some(format!("waits for {awaited}"));
+                }
+                None => annotations.extend(plan::release_annotations()),
+            }
         }
         let answer = match annotations.is_empty() {
             true => written,
@@ -234,6 +268,67 @@ impl<'a> Applier<'a> {
         }
         outcome.after = answer.as_deref().and_then(|json| RawObject::parse(json).ok()).and_then(|o| View::of(kind, &o));
         Ok(())
+    }
+
+    /// What the object waits for before restatus lets metal-operator act on it, if any of it
+    /// is not on the target yet. `clusterctl move` creates owners before what they own, and
+    /// claims last (deepest in the owner chain), so an object released as soon as its status
+    /// is back can meet metal-operator's handling of a missing partner:
+    /// - a Server's ServerClaim (`spec.serverClaimRef`): without it, metal-operator powers the
+    ///   Server off, drops its boot configuration and frees it for other claims;
+    /// - a BMC's Servers: metal-operator creates each system's Server itself (named
+    ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
+    ///   and does not copy the source's. The snapshot tells which Servers the BMC had.
+    ///
+    /// The object is the status write's answer, or read again when there was none.
+    async fn awaited(
+        &self,
+        kind: &KindProfile,
+        current: &LiveObject,
+        written: Option<&str>,
+    ) -> Result<Option<ObjectRef>> {
+        if kind.group != METAL_GROUP {
+            return Ok(None);
+        }
+        let partner = |kind: &str| self.profile.kind(kind).filter(|k| k.group == METAL_GROUP);
+        let wanted: Vec<(&KindProfile, Option<String>, String)> =
+            match (kind.kind.as_str(), partner("ServerClaim"), partner("Server")) {
+                ("Server", Some(claims), _) => {
+                    let json = match written {
+                        Some(json) => json.to_string(),
+                        None => self.writer.get(kind, current).await?,
+                    };
+                    let object = RawObject::parse(&json).map_err(|e| Error::InvalidObject {
+                        kind: kind.qualified_kind(),
+                        name: current.name.clone(),
+                        reason: match written {
+                            Some(_) => format!("answer to the status write: {e}"),
+                            None => e.to_string(),
+                        },
+                    })?;
+                    match View::of(kind, &object) {
+                        Some(View::Server(ServerView { claim: Some((namespace, name)), .. })) => {
+                            vec![(claims, Some(namespace), name)]
+                        }
+                        _ => vec![],
+                    }
+                }
+                ("BMC", _, Some(servers)) => servers_of_bmc(&current.name, self.snapshot_records)
+                    .into_iter()
+                    .map(|name| (servers, None, name.to_string()))
+                    .collect(),
+                _ => vec![],
+            };
+        for (kind, namespace, name) in wanted {
+            match self.writer.get_named(kind, namespace.as_deref(), &name).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    return Ok(Some(ObjectRef { kind: kind.kind.clone(), namespace, name }));
+                }
+                Err(e) => return Err(Error::kube(format!("look up what {} waits for", current.object_ref()), e)),
+            }
+        }
+        Ok(None)
     }
 
     /// Writes restatus's annotation `changes` (null removes a key). Right after a status
@@ -428,6 +523,20 @@ impl<'a> Applier<'a> {
     }
 }
 
+/// The Servers the snapshot holds for BMC `bmc`, by metal-operator's naming of the Servers a
+/// BMC's systems get: `<bmc>-system-<index>`.
+fn servers_of_bmc<'r>(bmc: &str, records: &'r [Record]) -> Vec<&'r str> {
+    let prefix = format!("{bmc}-system-");
+    records
+        .iter()
+        .filter(|r| r.kind == "Server" && r.api_version.starts_with(METAL_GROUP))
+        .filter(|r| {
+            r.name.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|r| r.name.as_str())
+        .collect()
+}
+
 fn blank_item(kind: &KindProfile) -> PlanItem {
     PlanItem {
         kind: kind.kind.clone(),
@@ -466,6 +575,7 @@ mod tests {
     type Handle = mock::Handle<Request<Body>, Response<Body>>;
 
     const SERVER: &str = "/apis/metal.ironcore.dev/v1alpha1/servers/server-1";
+    const CLAIM: &str = "/apis/metal.ironcore.dev/v1alpha1/namespaces/a/serverclaims/claim-1";
     const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
     const SNAPSHOT: &str = "20261130T090000.000Z-0a1b2c";
 
@@ -509,6 +619,18 @@ mod tests {
         let body = request.into_body().collect_bytes().await.expect("request body");
         send.send_response(Response::builder().status(StatusCode::CREATED).body(Body::from(body)).unwrap());
         (method, path)
+    }
+
+    /// The Server's ServerClaim is looked up before the release; answers it with `code`.
+    async fn claim_lookup(api: &mut Handle, code: StatusCode) {
+        let claim = match code {
+            StatusCode::OK => json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+                                     "metadata": {"name": "claim-1", "namespace": "a"}}),
+            _ => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                        "code": 404, "message": "serverclaims.metal.ironcore.dev \"claim-1\" not found"}),
+        };
+        let (method, path, _) = answer(api, code, claim.to_string()).await;
+        assert_eq!((method, path.as_str()), (Method::GET, CLAIM));
     }
 
     fn conflict() -> String {
@@ -582,6 +704,7 @@ mod tests {
     async fn the_release_replaces_the_object_as_written_with_only_annotations_changed() {
         let outcome = restore_one(|mut api| async move {
             quiesce_and_replace_status(&mut api).await;
+            claim_lookup(&mut api, StatusCode::OK).await;
             let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
             let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", released.clone(), wanted())).await;
             assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
@@ -601,6 +724,7 @@ mod tests {
     async fn a_release_whose_object_changed_since_the_status_write_patches_the_annotations() {
         let outcome = restore_one(|mut api| async move {
             quiesce_and_replace_status(&mut api).await;
+            claim_lookup(&mut api, StatusCode::OK).await;
             let (method, path, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
             assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
             let released = json!({"user": "kept", "added": "meanwhile", RESTORED_FROM_ANNOTATION: snapshot_id()});
@@ -639,6 +763,9 @@ mod tests {
             let moved_on = json!({"state": "Available", "powerState": "On"});
             let (method, path, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), moved_on.clone())).await;
             assert_eq!((method, path.as_str()), (Method::GET, SERVER), "re-read to decide again");
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), moved_on.clone())).await;
+            assert_eq!((method, path.as_str()), (Method::GET, SERVER), "read for its serverClaimRef");
+            claim_lookup(&mut api, StatusCode::OK).await;
             let (method, path, body) =
                 answer(&mut api, StatusCode::OK, server("4", json!({"user": "kept"}), moved_on)).await;
             assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
@@ -646,5 +773,37 @@ mod tests {
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::SkipNewer, 3, None));
+    }
+
+    #[tokio::test]
+    async fn a_server_whose_claim_is_not_on_the_target_yet_is_restored_but_stays_ignored() {
+        let outcome = restore_one(|mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            claim_lookup(&mut api, StatusCode::NOT_FOUND).await;
+            let mut kept = quiesced();
+            kept[RESTORED_FROM_ANNOTATION] = json!(snapshot_id());
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", kept.clone(), wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
+            assert_eq!(body["metadata"]["annotations"], kept, "restored-from added, restatus's ignore kept");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
+        assert_eq!(outcome.held.as_deref(), Some("waits for ServerClaim a/claim-1"));
+    }
+
+    #[test]
+    fn a_bmc_awaits_the_servers_of_its_systems_named_as_metal_operator_names_them() {
+        let server = |name: &str| Record::test_server(name, vec![], "{}");
+        let records = [
+            server("rack1-bmc-system-0"),
+            server("rack1-bmc-system-1"),
+            server("rack1-bmc-system-x"),
+            server("rack1-bmc-system-"),
+            server("rack1-bmc-2-system-0"),
+            server("other-bmc-system-0"),
+        ];
+        assert_eq!(servers_of_bmc("rack1-bmc", &records), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
+        assert!(servers_of_bmc("rack2-bmc", &records).is_empty());
     }
 }

@@ -6,7 +6,9 @@
 //! records that share its keys, and the live objects that share theirs. So an object that
 //! appears with an empty status gets its status back, a restored one is "already equal", and
 //! ambiguity is judged exactly as the one-shot plan judges it. The newest good snapshot is
-//! reloaded every `snapshot_refresh`; a new one makes every object dirty again.
+//! reloaded every `snapshot_refresh`; a new one makes every object dirty again. A Server or
+//! ServerClaim that appears makes the BMCs and Servers restatus still keeps ignored dirty: one
+//! may be waiting for it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -126,6 +128,13 @@ impl LiveIndex {
         }
     }
 
+    /// BMCs and Servers that still carry restatus's `ignore`: restored, maybe waiting for
+    /// their Servers or claim.
+    fn held(&self) -> impl Iterator<Item = &String> {
+        let waits = |o: &&LiveObject| matches!(o.kind.as_str(), "BMC" | "Server") && o.quiesced_by_restatus();
+        self.objects.values().filter(waits).map(|o| &o.uid)
+    }
+
     /// The planning input for one object: its candidate records, every record sharing their
     /// primary keys, and every live object sharing any of those records' keys.
     fn neighbourhood(&self, uid: &str, snapshot: &SnapshotIndex) -> Option<(Vec<Record>, Vec<LiveObject>)> {
@@ -188,6 +197,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                     match change {
                         Change::Upsert(object) => {
                             dirty.entry(object.uid.clone()).or_insert_with(Instant::now);
+                            // An object restatus keeps ignored may be waiting for this one.
+                            let partner = matches!(object.kind.as_str(), "Server" | "ServerClaim");
+                            if partner && !live.objects.contains_key(&object.uid) {
+                                let now = Instant::now();
+                                dirty.extend(live.held().map(|uid| (uid.clone(), now)));
+                            }
                             live.upsert(object);
                         }
                         Change::Delete(uid) => {
@@ -241,7 +256,7 @@ async fn process(ctx: &Context, kinds: &[KindProfile], live: &LiveIndex, dirty: 
                 let snapshot = snapshot.clone();
                 async move {
                     let Some((records, objects)) = live.neighbourhood(uid, &snapshot) else { return };
-                    reconcile(ctx, kind, &snapshot.manifest, &records, &objects, uid, *seen).await;
+                    reconcile(ctx, kind, &snapshot, &records, &objects, uid, *seen).await;
                 }
             })
             .await;
@@ -252,12 +267,13 @@ async fn process(ctx: &Context, kinds: &[KindProfile], live: &LiveIndex, dirty: 
 async fn reconcile(
     ctx: &Context,
     kind: &KindProfile,
-    manifest: &Manifest,
+    snapshot: &SnapshotIndex,
     records: &[Record],
     objects: &[LiveObject],
     uid: &str,
     seen: Instant,
 ) {
+    let manifest = &snapshot.manifest;
     let input = PlanInput {
         profile: &ctx.options.profile,
         snapshot: &manifest.snapshot_id,
@@ -281,7 +297,8 @@ async fn reconcile(
             return;
         }
     };
-    let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force);
+    let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
+        .with_snapshot_records(&snapshot.records);
     let outcome = applier.apply_item(kind, item, objects).await;
     if let Some(error) = &outcome.error {
         ctx.metrics.errors.inc();

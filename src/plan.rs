@@ -545,6 +545,18 @@ mod tests {
     }
 
     #[test]
+    fn a_boot_configuration_metal_operator_set_pending_is_restored() {
+        let k = key(crate::identity::NAMESPACED_NAME, "ns/claim-1");
+        let mut object = live("ServerBootConfiguration", "claim-1", std::slice::from_ref(&k), None);
+        object.status = Some(RawValue::from_string(json!({"state": "Pending"}).to_string()).unwrap());
+        object.status_written_at = Some(ts("2026-11-30T09:05:00Z"));
+        let ready = json!({"state": "Ready"});
+        let p = run(&[record("ServerBootConfiguration", "claim-1", &[k], ready)], &[object], false);
+        assert_eq!(p.items[0].verdict, Verdict::Restore);
+        assert_eq!(p.items[0].reason, "live status is still initial");
+    }
+
+    #[test]
     fn a_status_that_moved_on_is_skipped_unless_forced() {
         let k = key("spec.systemUUID", "u1");
         let mut object = live("Server", "s1", std::slice::from_ref(&k), Some(json!({"state": "Available"})));
