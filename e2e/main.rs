@@ -5,4 +5,5 @@ mod backup;
 mod bed;
 mod controller;
 mod moving;
+mod operator;
 mod restore;
