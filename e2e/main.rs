@@ -6,5 +6,6 @@ mod bed;
 mod chart;
 mod controller;
 mod moving;
+mod operator;
 mod restore;
 mod s3;

@@ -22,10 +22,16 @@ use crate::bed::{
     Bed, MOVES, QUIESCE_PATCH, TARGET, assert_success, fleet_state, foreign_patches, merge_patch, stdout, unique,
 };
 
-const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
-const BLOCK_MOVE: &str = restatus::domain::annotations::BLOCK_MOVE_ANNOTATION;
+pub(crate) const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+pub(crate) const BLOCK_MOVE: &str = restatus::domain::annotations::BLOCK_MOVE_ANNOTATION;
 
-fn api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, ns: Option<&str>) -> Api<DynamicObject> {
+pub(crate) fn api(
+    client: &kube::Client,
+    api_version: &str,
+    kind: &str,
+    plural: &str,
+    ns: Option<&str>,
+) -> Api<DynamicObject> {
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
     match ns {
@@ -35,7 +41,7 @@ fn api(client: &kube::Client, api_version: &str, kind: &str, plural: &str, ns: O
 }
 
 /// Creates an object, sets its status if given, and returns its uid.
-async fn create(client: &kube::Client, plural: &str, object: Value, status: Option<Value>) -> String {
+pub(crate) async fn create(client: &kube::Client, plural: &str, object: Value, status: Option<Value>) -> String {
     let ns = object["metadata"]["namespace"].as_str().map(str::to_string);
     let api =
         api(client, object["apiVersion"].as_str().unwrap(), object["kind"].as_str().unwrap(), plural, ns.as_deref());
@@ -47,11 +53,11 @@ async fn create(client: &kube::Client, plural: &str, object: Value, status: Opti
     created.metadata.uid.unwrap()
 }
 
-fn owner(api_version: &str, kind: &str, name: &str, uid: &str, controller: bool) -> Value {
+pub(crate) fn owner(api_version: &str, kind: &str, name: &str, uid: &str, controller: bool) -> Value {
     json!([{"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": controller, "blockOwnerDeletion": controller}])
 }
 
-fn condition(kind: &str) -> Value {
+pub(crate) fn condition(kind: &str) -> Value {
     json!({"type": kind, "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-01T00:00:00Z"})
 }
 
@@ -215,7 +221,7 @@ impl Fixture {
 }
 
 /// CRD labels and Provider inventory on both clusters, as `clusterctl init` would leave them.
-fn prepare_clusters(bed: &Bed) {
+pub(crate) fn prepare_clusters(bed: &Bed) {
     for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig] {
         let crds = [
             "clusters.cluster.x-k8s.io",
@@ -386,11 +392,11 @@ async fn the_controller_restores_a_clusterctl_move_as_it_lands() {
     assert!(controller.wait().unwrap().success());
 }
 
-fn cluster_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+pub(crate) fn cluster_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
     api(client, "cluster.x-k8s.io/v1beta2", "Cluster", "clusters", Some(ns))
 }
 
-async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
+pub(crate) async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !done().await {
         assert!(Instant::now() < deadline, "{what}: not within {within:?}");
@@ -640,7 +646,7 @@ async fn block_pause_unpause(fx: &Fixture, handshake: std::process::Child) {
 }
 
 /// A child process killed when a failed assertion unwinds past it.
-struct Reaped(std::process::Child);
+pub(crate) struct Reaped(pub(crate) std::process::Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {

@@ -1,0 +1,3 @@
+module restatus.test/redfish-proxy
+
+go 1.24
