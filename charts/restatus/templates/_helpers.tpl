@@ -52,11 +52,6 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end }}
 
-{{/* The ServiceAccount user name the API server sees, for the admission policies. */}}
-{{- define "restatus.serviceAccountUser" -}}
-{{- printf "system:serviceaccount:%s:%s" (index . 0).Release.Namespace (include "restatus.roleName" .) }}
-{{- end }}
-
 {{/* restatus.s3Secret (list $ "controller"): the Secret of S3 keys a role gets, or "". */}}
 {{- define "restatus.s3Secret" -}}
 {{- $ := index . 0 }}
