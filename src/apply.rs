@@ -2,9 +2,9 @@
 //!
 //! Per object: quiesce metal-operator with its `ignore` annotation (unless the object is
 //! ignored already), write the record's status, then mark the object restored and remove
-//! restatus's `ignore`; an Event tells what happened. An object whose partners have yet to
-//! arrive stays ignored (see [`Applier::awaited`]); restoring it again releases it. Every write is made as field manager
-//! `restatus`. The first two carry the resourceVersion the decision was made on: when the
+//! restatus's `ignore`; an Event tells what happened. An object metal-operator would mistreat
+//! stays ignored (see [`Applier::hold`]); restoring it again releases it once that is over.
+//! Every write is made as field manager `restatus`. The first two carry the resourceVersion the decision was made on: when the
 //! object changed meanwhile, the write conflicts, the object is re-read and decided again,
 //! so a status that moved on after the plan is never overwritten. Each step is idempotent,
 //! so a rerun finishes whatever a crash interrupted.
@@ -251,10 +251,11 @@ impl<'a> Applier<'a> {
         // settled (restored, equal, or moved on) and metal-operator may take over; but not
         // while the object's pairing partner has yet to arrive.
         if owns_ignore {
-            match self.awaited(kind, &current, written.as_deref()).await? {
-                Some(awaited) => {
-                    info!(object = %outcome.object, %awaited, "keeping restatus's ignore until it is on the target");
-                    outcome.held = Some(format!("waits for {awaited}"));
+            let snapshots_status = matches!(outcome.verdict, Verdict::Restore | Verdict::AlreadyEqual);
+            match self.hold(kind, &current, written.as_deref(), snapshots_status).await? {
+                Some(reason) => {
+                    info!(object = %outcome.object, %reason, "keeping restatus's ignore");
+                    outcome.held = Some(reason);
                 }
                 None => annotations.extend(plan::release_annotations()),
             }
@@ -270,60 +271,76 @@ impl<'a> Applier<'a> {
         Ok(())
     }
 
-    /// What the object waits for before restatus lets metal-operator act on it, if any of it
-    /// is not on the target yet. `clusterctl move` creates owners before what they own, and
-    /// claims last (deepest in the owner chain), so an object released as soon as its status
-    /// is back can meet metal-operator's handling of a missing partner:
-    /// - a Server's ServerClaim (`spec.serverClaimRef`): without it, metal-operator powers the
-    ///   Server off, drops its boot configuration and frees it for other claims;
-    /// - a BMC's Servers: metal-operator creates each system's Server itself (named
+    /// Why restatus must not let metal-operator act on the object yet, if it must not.
+    ///
+    /// `clusterctl move` creates owners before what they own, and claims last (deepest in the
+    /// owner chain), so an object released as soon as its status is back can meet
+    /// metal-operator's handling of a missing partner; the object waits for:
+    /// - a Server, for its ServerClaim (`spec.serverClaimRef`): without it, metal-operator
+    ///   powers the Server off, drops its boot configuration and frees it for other claims;
+    /// - a BMC, for its Servers: metal-operator creates each system's Server itself (named
     ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
     ///   and does not copy the source's. The snapshot tells which Servers the BMC had.
     ///
+    /// And a Server whose status, the snapshot's (`snapshots_status`), says `Available` while
+    /// its spec names a claim was bound after the snapshot (a disaster recovery from an older
+    /// snapshot): metal-operator would power the machine off, which serves that claim, and boot
+    /// it again. A person decides (set its status, or remove restatus's `ignore`);
+    /// docs/MOVE.md, disaster recovery.
+    ///
     /// The object is the status write's answer, or read again when there was none.
-    async fn awaited(
+    async fn hold(
         &self,
         kind: &KindProfile,
         current: &LiveObject,
         written: Option<&str>,
-    ) -> Result<Option<ObjectRef>> {
+        snapshots_status: bool,
+    ) -> Result<Option<String>> {
         if kind.group != METAL_GROUP {
             return Ok(None);
         }
         let partner = |kind: &str| self.profile.kind(kind).filter(|k| k.group == METAL_GROUP);
-        let wanted: Vec<(&KindProfile, Option<String>, String)> =
-            match (kind.kind.as_str(), partner("ServerClaim"), partner("Server")) {
-                ("Server", Some(claims), _) => {
-                    let json = match written {
-                        Some(json) => json.to_string(),
-                        None => self.writer.get(kind, current).await?,
-                    };
-                    let object = RawObject::parse(&json).map_err(|e| Error::InvalidObject {
-                        kind: kind.qualified_kind(),
-                        name: current.name.clone(),
-                        reason: match written {
-                            Some(_) => format!("answer to the status write: {e}"),
-                            None => e.to_string(),
-                        },
-                    })?;
-                    match View::of(kind, &object) {
-                        Some(View::Server(ServerView { claim: Some((namespace, name)), .. })) => {
-                            vec![(claims, Some(namespace), name)]
+        let wanted: Vec<(&KindProfile, Option<String>, String)> = match (
+            kind.kind.as_str(),
+            partner("ServerClaim"),
+            partner("Server"),
+        ) {
+            ("Server", Some(claims), _) => {
+                let json = match written {
+                    Some(json) => json.to_string(),
+                    None => self.writer.get(kind, current).await?,
+                };
+                let object = RawObject::parse(&json).map_err(|e| Error::InvalidObject {
+                    kind: kind.qualified_kind(),
+                    name: current.name.clone(),
+                    reason: match written {
+                        Some(_) => format!("answer to the status write: {e}"),
+                        None => e.to_string(),
+                    },
+                })?;
+                match View::of(kind, &object) {
+                    Some(View::Server(ServerView { state, claim: Some((namespace, name)), .. })) => {
+                        if snapshots_status && state == "Available" {
+                            return Ok(Some(format!(
+                                "bound after the snapshot: Available, yet spec.serverClaimRef names {namespace}/{name}"
+                            )));
                         }
-                        _ => vec![],
+                        vec![(claims, Some(namespace), name)]
                     }
+                    _ => vec![],
                 }
-                ("BMC", _, Some(servers)) => servers_of_bmc(&current.name, self.snapshot_records)
-                    .into_iter()
-                    .map(|name| (servers, None, name.to_string()))
-                    .collect(),
-                _ => vec![],
-            };
+            }
+            ("BMC", _, Some(servers)) => servers_of_bmc(&current.name, self.snapshot_records)
+                .into_iter()
+                .map(|name| (servers, None, name.to_string()))
+                .collect(),
+            _ => vec![],
+        };
         for (kind, namespace, name) in wanted {
             match self.writer.get_named(kind, namespace.as_deref(), &name).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    return Ok(Some(ObjectRef { kind: kind.kind.clone(), namespace, name }));
+                    return Ok(Some(format!("waits for {}", ObjectRef { kind: kind.kind.clone(), namespace, name })));
                 }
                 Err(e) => return Err(Error::kube(format!("look up what {} waits for", current.object_ref()), e)),
             }
@@ -805,5 +822,26 @@ mod tests {
         ];
         assert_eq!(servers_of_bmc("rack1-bmc", &records), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
         assert!(servers_of_bmc("rack2-bmc", &records).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_server_available_yet_claimed_stays_ignored_for_a_person_to_decide() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH);
+            let available = json!({"state": "Available", "powerState": "Off"});
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), available.clone())).await;
+            assert_eq!(method, Method::PUT);
+            let mut kept = quiesced();
+            kept[RESTORED_FROM_ANNOTATION] = json!(snapshot_id());
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", kept.clone(), available)).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER), "no claim lookup: nothing to wait for");
+            assert_eq!(body["metadata"]["annotations"], kept);
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.error), (Verdict::Restore, None));
+        let held = outcome.held.expect("held");
+        assert!(held.starts_with("bound after the snapshot") && held.contains("a/claim-1"), "{held}");
     }
 }

@@ -271,7 +271,7 @@ pub fn restore_summary(report: &crate::restore::RestoreReport) -> String {
         out += &format!("FAILED {}: {}\n", failure.object, failure.error.as_deref().unwrap_or_default());
     }
     for held in report.outcomes.iter().filter_map(|o| Some((&o.object, o.held.as_deref()?))) {
-        out += &format!("HELD {}: still ignored, {} (restore again once it is on the target)\n", held.0, held.1);
+        out += &format!("HELD {}: still ignored, {}\n", held.0, held.1);
     }
     if report.pairing.is_empty() {
         out += "pairing: every Bound ServerClaim has its Reserved Server and back\n";
