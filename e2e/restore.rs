@@ -355,7 +355,7 @@ async fn a_restore_interrupted_by_an_api_server_restart_is_completed_by_the_reru
     let _exclusive = TARGET.write().await;
     let s = Scenario::moved(150, 60).await;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
-        .args(["restore", "--concurrency", "2", "--selector", &s.spec.selector(), "--kubeconfig"])
+        .args(["restore", "--concurrency", "1", "--selector", &s.spec.selector(), "--kubeconfig"])
         .arg(&s.bed.target_kubeconfig)
         .env("RESTATUS_STORAGE", &s.storage)
         .env("RESTATUS_CLUSTER_ID", &s.cluster)
@@ -363,7 +363,8 @@ async fn a_restore_interrupted_by_an_api_server_restart_is_completed_by_the_reru
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Let it write a while, then kill the target API server hard and bring it back.
+    // Let it write a while (one object at a time, so it is still writing on a busy machine),
+    // then kill the target API server hard and bring it back.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let restart = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/testbed"))
         .args(["restart-apiserver", "target", "--hard"])

@@ -282,7 +282,7 @@ pub fn restore_summary(report: &RestoreReport) -> String {
         out += &format!("FAILED {}: {}\n", failure.object, failure.error.as_deref().unwrap_or_default());
     }
     for (object, held) in report.outcomes.iter().filter_map(|o| Some((&o.object, o.held.as_deref()?))) {
-        out += &format!("HELD {object}: still ignored, {held} (restore again once it is on the target)\n");
+        out += &format!("HELD {object}: still ignored, {held}\n");
     }
     if report.pairing.is_empty() {
         out += "pairing: every Bound ServerClaim has its Reserved Server and back\n";

@@ -2,9 +2,9 @@
 //!
 //! Per object, a [`WriteSequence`]: quiesce metal-operator with its `ignore` annotation
 //! (unless the object is ignored already), write the record's status, then mark the object
-//! restored and remove restatus's `ignore`; an Event tells what happened. An object whose
-//! partners have yet to arrive stays ignored (see [`WriteSequence::awaited`]); restoring it
-//! again releases it. The first two writes
+//! restored and remove restatus's `ignore`; an Event tells what happened. An object
+//! metal-operator would mistreat stays ignored (see [`WriteSequence::hold`]); restoring it
+//! again releases it once that is over. The first two writes
 //! carry the resourceVersion the decision was made on: when the object changed meanwhile, the
 //! write conflicts, the object is re-read and decided again, so a status that moved on after
 //! the plan is never overwritten. Each step is idempotent, so a rerun finishes whatever a
@@ -194,10 +194,12 @@ impl<'a> WriteSequence<'a> {
         // settled (restored, equal, or moved on) and metal-operator may take over; but not
         // while the object's pairing partner has yet to arrive.
         if self.owns_ignore {
-            match self.awaited(written.as_deref()).await? {
-                Some(awaited) => {
-                    info!(object = %self.current.object_ref(), %awaited, "keeping restatus's ignore until it is on the target");
-                    self.held = Some(format!("waits for {awaited}"));
+            let verdict = self.verdict.unwrap_or(item.verdict);
+            let snapshots_status = matches!(verdict, Verdict::Restore | Verdict::AlreadyEqual);
+            match self.hold(written.as_deref(), snapshots_status).await? {
+                Some(reason) => {
+                    info!(object = %self.current.object_ref(), %reason, "keeping restatus's ignore");
+                    self.held = Some(reason);
                 }
                 None => changes.extend(annotations::release_annotations(&self.current.annotations)),
             }
@@ -329,18 +331,25 @@ impl<'a> WriteSequence<'a> {
         writer.merge_patch(self.kind, &self.current, None, &body).await.map_err(|e| Error::kube(context(), e))
     }
 
-    /// What the object waits for before restatus lets metal-operator act on it, if any of it
-    /// is not on the target yet. `clusterctl move` creates owners before what they own, and
-    /// claims last (deepest in the owner chain), so an object released as soon as its status
-    /// is back can meet metal-operator's handling of a missing partner:
-    /// - a Server's ServerClaim (`spec.serverClaimRef`): without it, metal-operator powers the
-    ///   Server off, drops its boot configuration and frees it for other claims;
-    /// - a BMC's Servers: metal-operator creates each system's Server itself (named
+    /// Why restatus must not let metal-operator act on the object yet, if it must not.
+    ///
+    /// `clusterctl move` creates owners before what they own, and claims last (deepest in the
+    /// owner chain), so an object released as soon as its status is back can meet
+    /// metal-operator's handling of a missing partner; the object waits for:
+    /// - a Server, for its ServerClaim (`spec.serverClaimRef`): without it, metal-operator
+    ///   powers the Server off, drops its boot configuration and frees it for other claims;
+    /// - a BMC, for its Servers: metal-operator creates each system's Server itself (named
     ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
     ///   and does not copy the source's. The snapshot tells which Servers the BMC had.
     ///
+    /// And a Server whose status, the snapshot's (`snapshots_status`), says `Available` while
+    /// its spec names a claim was bound after the snapshot (a disaster recovery from an older
+    /// snapshot): metal-operator would power the machine off, which serves that claim, and boot
+    /// it again. A person decides (set its status, or remove restatus's `ignore`); see
+    /// docs/MOVE.md, disaster recovery.
+    ///
     /// The object is the status write's answer, or read again when there was none.
-    async fn awaited(&self, written: Option<&str>) -> Result<Option<ObjectRef>> {
+    async fn hold(&self, written: Option<&str>, snapshots_status: bool) -> Result<Option<String>> {
         if self.kind.group != METAL_GROUP {
             return Ok(None);
         }
@@ -348,9 +357,16 @@ impl<'a> WriteSequence<'a> {
         let partner = |kind: &str| profile.kind(kind).filter(|k| k.group == METAL_GROUP);
         let wanted: Vec<(&KindProfile, Option<String>, String)> =
             match (self.kind.kind.as_str(), partner("ServerClaim"), partner("Server")) {
-                ("Server", Some(claims), _) => match self.claim_of(written).await? {
-                    Some((namespace, name)) => vec![(claims, Some(namespace), name)],
-                    None => vec![],
+                ("Server", Some(claims), _) => match self.server_view(written).await? {
+                    Some(ServerView { state, claim: Some((namespace, name)), .. }) => {
+                        if snapshots_status && state == "Available" {
+                            return Ok(Some(format!(
+                                "bound after the snapshot: Available, yet spec.serverClaimRef names {namespace}/{name}"
+                            )));
+                        }
+                        vec![(claims, Some(namespace), name)]
+                    }
+                    _ => vec![],
                 },
                 ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.snapshot_records)
                     .into_iter()
@@ -362,7 +378,7 @@ impl<'a> WriteSequence<'a> {
             match self.applier.writer.get_named(kind, namespace.as_deref(), &name).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    return Ok(Some(ObjectRef { kind: kind.kind.clone(), namespace, name }));
+                    return Ok(Some(format!("waits for {}", ObjectRef { kind: kind.kind.clone(), namespace, name })));
                 }
                 Err(e) => {
                     return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e));
@@ -372,8 +388,9 @@ impl<'a> WriteSequence<'a> {
         Ok(None)
     }
 
-    /// A Server's `spec.serverClaimRef`, from the status write's answer or a fresh read.
-    async fn claim_of(&self, written: Option<&str>) -> Result<Option<(String, String)>> {
+    /// The Server's pairing view (state, `spec.serverClaimRef`), from the status write's
+    /// answer or a fresh read.
+    async fn server_view(&self, written: Option<&str>) -> Result<Option<ServerView>> {
         let json = match written {
             Some(json) => json.to_string(),
             None => self.applier.writer.get(self.kind, &self.current).await?,
@@ -383,7 +400,7 @@ impl<'a> WriteSequence<'a> {
             None => self.invalid(e.to_string()),
         })?;
         Ok(match View::of(self.kind, &object) {
-            Some(View::Server(ServerView { claim, .. })) => claim,
+            Some(View::Server(view)) => Some(view),
             _ => None,
         })
     }
@@ -540,13 +557,22 @@ mod tests {
         F: FnOnce(Handle) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        restore_one_with(wanted(), script).await
+    }
+
+    /// [`restore_one`] from a record whose status is `recorded`.
+    async fn restore_one_with<F, Fut>(recorded: Value, script: F) -> Outcome
+    where
+        F: FnOnce(Handle) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let (client, handle) = api::client();
         let api_server = tokio::spawn(script(handle));
         let profile = Profile::metal_operator();
         let kind = profile.kind("Server").unwrap();
         let writer = Writer::scripted(client, &["Server"]);
         let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
-        let records = [record("Server", "server-1", &[uuid("uuid-1")], wanted())];
+        let records = [record("Server", "server-1", &[uuid("uuid-1")], recorded)];
         let live = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
         let applier = Applier::new(&writer, &profile, &manifest, &records, false);
         let item = PlanItem {
@@ -713,5 +739,26 @@ mod tests {
         ];
         assert_eq!(servers_of_bmc("rack1-bmc", &records), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
         assert!(servers_of_bmc("rack2-bmc", &records).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_server_available_yet_claimed_stays_ignored_for_a_person_to_decide() {
+        let outcome = restore_one_with(json!({"state": "Available", "powerState": "Off"}), |mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH);
+            let available = json!({"state": "Available", "powerState": "Off"});
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), available.clone())).await;
+            assert_eq!(method, Method::PUT);
+            let mut kept = quiesced();
+            kept[RESTORED_FROM_ANNOTATION] = json!(snapshot_id());
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", kept.clone(), available)).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER), "no claim lookup: nothing to wait for");
+            assert_eq!(body["metadata"]["annotations"], kept);
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.error), (Verdict::Restore, None));
+        let held = outcome.held.expect("held");
+        assert!(held.starts_with("bound after the snapshot") && held.contains("a/claim-1"), "{held}");
     }
 }
