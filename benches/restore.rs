@@ -279,7 +279,10 @@ async fn main() {
     let manifest = backup::run(&source, &store, &options).await.unwrap();
     let snapshot = manifest.snapshot_id.to_string();
     let loaded = restatus::store::choose_snapshot(&store, Some(&manifest.snapshot_id), false).await.unwrap();
-    let bench_records: Vec<Record> = loaded.records.iter().filter(|r| r.name.starts_with("bench-")).cloned().collect();
+    let bench_records: Vec<Record> = (0..loaded.records.len())
+        .filter(|&i| loaded.records.heads()[i].name.starts_with("bench-"))
+        .map(|i| loaded.records.record(i).unwrap())
+        .collect();
     let objects = bench_records.len();
     let unset = restatus::k8s::api_for(&target, profile.kind("Server").unwrap(), None)
         .list(&ListParams::default().labels(&format!("{FLEET_LABEL}=bench")).limit(1))

@@ -313,7 +313,7 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
     let store = s.bed.store(&s.storage, &s.cluster);
     let options = s.options();
     let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
-    let live = restore::read_live(&target, &options.profile, &options.page()).await.unwrap();
+    let live = restore::read_live(&target, &options.profile, &options.page(), true).await.unwrap();
     let plan = plan::plan(&PlanInput {
         profile: &options.profile,
         snapshot: &loaded.manifest.snapshot_id,
@@ -321,7 +321,9 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
         records: &loaded.records,
         live: &live.objects,
         force: false,
-    });
+        explain: true,
+    })
+    .unwrap();
     assert_eq!(plan.counts()[&Verdict::Restore], 6);
 
     // Between plan and apply: server 0 is deleted, server 1 gets an initial status (a

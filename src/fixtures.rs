@@ -7,8 +7,8 @@ use jiff::Timestamp;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::domain::identity::IdentityKey;
-use crate::domain::live::LiveObject;
+use crate::domain::identity::{IdentityKey, Profile};
+use crate::domain::live::{LiveObject, LiveStatus};
 use crate::format::{CaptureSummary, Manifest, PayloadSummary, Record, SnapshotId};
 
 /// When the fixtures' snapshots were taken.
@@ -59,7 +59,10 @@ pub fn live(kind: &str, name: &str, keys: &[IdentityKey], status: Option<Value>)
         uid: name.into(),
         resource_version: "1".into(),
         keys: keys.to_vec(),
-        status: status.as_ref().map(raw),
+        status: status.as_ref().map(|s| {
+            let profile = Profile::metal_operator();
+            LiveStatus::new(profile.kind(kind).expect("a kind of the metal-operator profile"), &raw(s))
+        }),
         annotations: BTreeMap::new(),
         status_written_at: None,
     }
@@ -71,7 +74,7 @@ pub fn manifest(id: SnapshotId, at: Timestamp) -> Manifest {
 }
 
 pub fn manifest_of(id: SnapshotId, at: Timestamp, capture: CaptureSummary) -> Manifest {
-    let payload = PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0 };
+    let payload = PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0, frames: 0 };
     Manifest::new("c", id, at, "metal-operator", capture, payload)
 }
 

@@ -155,6 +155,8 @@ async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result
         allow_inconsistent: args.allow_inconsistent,
         concurrency: args.concurrency.max(1),
         selector: g.selector.clone(),
+        // The changes are shown by a dry run's table and in JSON.
+        explain: args.dry_run || matches!(args.output.output, OutputFormat::Json),
         ..RestoreOptions::new(profile)
     };
     if options.force {

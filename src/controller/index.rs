@@ -4,26 +4,35 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use crate::Result;
 use crate::domain::identity::IdentityKey;
 use crate::domain::live::LiveObject;
-use crate::format::{Manifest, Record};
+use crate::format::{Manifest, Records};
 
-/// A loaded snapshot with its records indexed by (kind, key).
+/// A loaded snapshot with its records indexed by (kind, key). The statuses stay compressed
+/// in the payload until an object is planned.
 pub struct SnapshotIndex {
     pub manifest: Manifest,
-    pub records: Vec<Record>,
+    pub records: Records,
     by_key: HashMap<(String, IdentityKey), Vec<usize>>,
 }
 
 impl SnapshotIndex {
-    pub fn new(manifest: Manifest, records: Vec<Record>) -> Self {
+    pub fn new(manifest: Manifest, records: Records) -> Self {
         let mut by_key: HashMap<(String, IdentityKey), Vec<usize>> = HashMap::new();
-        for (i, record) in records.iter().enumerate() {
+        for (i, record) in records.heads().iter().enumerate() {
             for key in &record.keys {
                 by_key.entry((record.kind.clone(), key.clone())).or_default().push(i);
             }
         }
         SnapshotIndex { manifest, records, by_key }
+    }
+
+    /// Where the first record carrying one of the object's keys is in the payload: objects
+    /// handled in this order read the payload's frames one after the other.
+    pub fn position(&self, object: &LiveObject) -> usize {
+        let first = |key: &IdentityKey| self.by_key.get(&(object.kind.clone(), key.clone())).and_then(|r| r.first());
+        object.keys.iter().filter_map(first).min().copied().unwrap_or(usize::MAX)
     }
 }
 
@@ -70,24 +79,27 @@ impl LiveIndex {
     }
 
     /// The planning input for one object: its candidate records, every record sharing their
-    /// primary keys, and every live object sharing any of those records' keys.
-    pub fn neighbourhood(&self, uid: &str, snapshot: &SnapshotIndex) -> Option<(Vec<Record>, Vec<LiveObject>)> {
+    /// primary keys, and every live object sharing any of those records' keys. `None` for an
+    /// object the index does not hold.
+    pub fn neighbourhood(&self, uid: &str, snapshot: &SnapshotIndex) -> Option<Result<(Records, Vec<LiveObject>)>> {
         let object = self.objects.get(uid)?;
+        let heads = snapshot.records.heads();
         let lookup = |key: &IdentityKey| snapshot.by_key.get(&(object.kind.clone(), key.clone()));
         let mut records: BTreeSet<usize> = object.keys.iter().filter_map(lookup).flatten().copied().collect();
-        let primaries: Vec<&IdentityKey> = records.iter().filter_map(|&r| snapshot.records[r].primary_key()).collect();
+        let primaries: Vec<&IdentityKey> = records.iter().filter_map(|&r| heads[r].primary_key()).collect();
         let rivals: BTreeSet<usize> = primaries.into_iter().filter_map(lookup).flatten().copied().collect();
         records.extend(rivals);
         let mut uids: BTreeSet<&String> = BTreeSet::from([&object.uid]);
         for &r in &records {
-            for key in &snapshot.records[r].keys {
+            for key in &heads[r].keys {
                 if let Some(holders) = self.by_key.get(&(object.kind.clone(), key.clone())) {
                     uids.extend(holders);
                 }
             }
         }
         let live = uids.into_iter().filter_map(|u| self.objects.get(u).cloned()).collect();
-        Some((records.into_iter().map(|r| snapshot.records[r].clone()).collect(), live))
+        let records = records.into_iter().map(|r| snapshot.records.record(r)).collect::<Result<Vec<_>>>();
+        Some(records.map(|records| (Records::from_records(records), live)))
     }
 }
 
@@ -105,13 +117,13 @@ mod tests {
     }
 
     fn snapshot(keys: &[&str]) -> SnapshotIndex {
-        let records = keys
+        let records: Vec<_> = keys
             .iter()
             .enumerate()
             .map(|(i, k)| record("Server", &format!("r{i}"), &[key(k)], json!({"state": "Reserved"})))
             .collect();
         let at = ts(SNAPSHOT_TIME);
-        SnapshotIndex::new(fixtures::manifest(crate::format::SnapshotId::new(at), at), records)
+        SnapshotIndex::new(fixtures::manifest(crate::format::SnapshotId::new(at), at), Records::from_records(records))
     }
 
     #[test]
@@ -121,8 +133,8 @@ mod tests {
         index.upsert(live("b", &["k1"]));
         index.upsert(live("c", &["k2"]));
         let snap = snapshot(&["k1", "k2", "k3"]);
-        let (records, objects) = index.neighbourhood("a", &snap).unwrap();
-        assert_eq!(records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["r0"]);
+        let (records, objects) = index.neighbourhood("a", &snap).unwrap().unwrap();
+        assert_eq!(records.heads().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["r0"]);
         let mut uids: Vec<_> = objects.iter().map(|o| o.uid.as_str()).collect();
         uids.sort();
         assert_eq!(uids, ["a", "b"], "b shares the key and makes the match ambiguous");
@@ -147,7 +159,7 @@ mod tests {
         let snap = snapshot(&["k1", "k2"]);
         let profile = Profile::metal_operator();
         let verdict_of = |uid: &str| {
-            let (records, objects) = index.neighbourhood(uid, &snap).unwrap();
+            let (records, objects) = index.neighbourhood(uid, &snap).unwrap().unwrap();
             let input = PlanInput {
                 profile: &profile,
                 snapshot: &snap.manifest.snapshot_id,
@@ -155,8 +167,10 @@ mod tests {
                 records: &records,
                 live: &objects,
                 force: false,
+                explain: false,
             };
             plan::plan(&input)
+                .unwrap()
                 .items
                 .into_iter()
                 .find(|i| {

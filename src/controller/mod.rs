@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
-use crate::format::Record;
+use crate::format::Records;
 use crate::k8s::leader::Leadership;
 use crate::k8s::{Writer, api_for};
 use crate::moving::handshake::Handshake;
@@ -125,7 +125,7 @@ impl Context {
 }
 
 enum Change {
-    Upsert(LiveObject),
+    Upsert(Box<LiveObject>),
     Delete(String),
     /// A kind was listed (again): these are all its objects now.
     Listed {
@@ -161,7 +161,8 @@ impl Loop {
                     let now = Instant::now();
                     self.dirty.extend(self.live.held().map(|uid| (uid.clone(), now)));
                 }
-                self.live.upsert(object);
+                // The index keeps the status's digests, not its JSON (see `LiveObject::compact`).
+                self.live.upsert((*object).compact());
             }
             Change::Delete(uid) => self.forget(&uid),
             Change::Listed { kind, uids } => {
@@ -299,15 +300,25 @@ async fn process(
     let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
     let mut results = Vec::with_capacity(dirty.len());
     for kind in kinds {
-        let uids: Vec<(&String, &Instant)> =
-            dirty.iter().filter(|(uid, _)| live.objects.get(*uid).is_some_and(|o| o.kind == kind.kind)).collect();
+        let mut uids: Vec<(usize, &String, &Instant)> = dirty
+            .iter()
+            .filter_map(|(uid, seen)| live.objects.get(uid).filter(|o| o.kind == kind.kind).map(|o| (o, uid, seen)))
+            .map(|(object, uid, seen)| (snapshot.position(object), uid, seen))
+            .collect();
+        // In payload order: each frame of the payload is decompressed once.
+        uids.sort_unstable();
         let done: Vec<(String, bool)> = stream::iter(uids)
-            .map(|(uid, seen)| {
+            .map(|(_, uid, seen)| {
                 let snapshot = snapshot.clone();
                 async move {
                     let failed = match live.neighbourhood(uid, &snapshot) {
-                        Some((records, objects)) => {
+                        Some(Ok((records, objects))) => {
                             reconcile(ctx, kind, &snapshot, &records, &objects, uid, *seen).await
+                        }
+                        Some(Err(e)) => {
+                            ctx.metrics.errors.inc();
+                            warn!(uid, error = %e, "cannot read the object's records; retried after a backoff");
+                            true
                         }
                         None => false,
                     };
@@ -327,7 +338,7 @@ async fn reconcile(
     ctx: &Context,
     kind: &KindProfile,
     snapshot: &SnapshotIndex,
-    records: &[Record],
+    records: &Records,
     objects: &[LiveObject],
     uid: &str,
     seen: Instant,
@@ -340,8 +351,16 @@ async fn reconcile(
         records,
         live: objects,
         force: ctx.options.force,
+        explain: false,
     };
-    let plan = plan::plan(&input);
+    let plan = match plan::plan(&input) {
+        Ok(plan) => plan,
+        Err(e) => {
+            ctx.metrics.errors.inc();
+            warn!(uid, error = %e, "cannot plan the object; retried after a backoff");
+            return true;
+        }
+    };
     let mine = |i: &&plan::PlanItem| i.live.is_some_and(|l| objects[l].uid == uid);
     let Some(item) = plan.items.iter().find(mine) else { return false };
     ctx.metrics.decided(item.verdict);
@@ -384,10 +403,10 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
     let mut events = watcher(api, config).default_backoff().boxed();
     loop {
         let change = match events.try_next().await {
-            Ok(Some(watcher::Event::Apply(o))) => LiveObject::from_dynamic(&kind, &o).ok().map(Change::Upsert),
+            Ok(Some(watcher::Event::Apply(o))) => upsert(&kind, &o),
             Ok(Some(watcher::Event::InitApply(o))) => {
                 listing.extend(o.metadata.uid.clone());
-                LiveObject::from_dynamic(&kind, &o).ok().map(Change::Upsert)
+                upsert(&kind, &o)
             }
             Ok(Some(watcher::Event::Delete(o))) => o.metadata.uid.clone().map(Change::Delete),
             Ok(Some(watcher::Event::Init)) => {
@@ -409,6 +428,10 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
             return;
         }
     }
+}
+
+fn upsert(kind: &KindProfile, object: &kube::api::DynamicObject) -> Option<Change> {
+    LiveObject::from_dynamic(kind, object).ok().map(|o| Change::Upsert(Box::new(o)))
 }
 
 /// Why a kind cannot be watched, for the log, the metric and `/readyz`.
@@ -518,12 +541,12 @@ mod tests {
         let ctx = context();
         let mut state = state(&ctx);
         for name in ["x", "y"] {
-            state.apply(&ctx, Change::Upsert(fixtures::live("Server", name, &[uuid(name)], None)));
+            state.apply(&ctx, Change::Upsert(Box::new(fixtures::live("Server", name, &[uuid(name)], None))));
         }
         state.retries.failed("x", Instant::now());
         // After an API server restart the watch lists again: x was deleted meanwhile, and z
         // came with x's identity key.
-        state.apply(&ctx, Change::Upsert(fixtures::live("Server", "z", &[uuid("x")], None)));
+        state.apply(&ctx, Change::Upsert(Box::new(fixtures::live("Server", "z", &[uuid("x")], None))));
         state.apply(&ctx, Change::Listed { kind: "Server".into(), uids: ["y", "z"].map(String::from).into() });
         let mut uids = state.live.uids_of("Server");
         uids.sort();

@@ -1,12 +1,18 @@
-//! What restatus knows of a live object: its identity keys, its status as raw JSON, its
-//! annotations and when its status was last written. Pure: built from a listed or watched
-//! object, read by planning, applying, the controller's index and preflight.
+//! What restatus knows of a live object: its identity keys, its status, its annotations and
+//! when its status was last written. Pure: built from a listed or watched object, read by
+//! planning, applying, the controller's index and preflight.
+//!
+//! A status is kept as two digests (of the JSON as sent, and of its canonical form) and
+//! whether it is initial: that is all a restore decision needs. The JSON itself is kept until
+//! [`LiveObject::compact`] drops it, which the controller's index and large restores do, so
+//! that memory does not grow with the size of the fleet's statuses.
 
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use serde_json::Value;
 use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
 
 use crate::domain::annotations;
 use crate::domain::identity::{IdentityKey, KindProfile};
@@ -22,8 +28,8 @@ pub struct LiveObject {
     pub uid: String,
     pub resource_version: String,
     pub keys: Vec<IdentityKey>,
-    /// The status as the API server sent it (parsed only when a decision needs it).
-    pub status: Option<Box<RawValue>>,
+    /// The status, unless absent or null.
+    pub status: Option<LiveStatus>,
     pub annotations: BTreeMap<String, String>,
     /// When the status subresource was last written (managedFields), if known.
     pub status_written_at: Option<Timestamp>,
@@ -39,7 +45,7 @@ impl LiveObject {
             uid: meta.uid.as_deref().unwrap_or_default().to_string(),
             resource_version: meta.resource_version.as_deref().unwrap_or_default().to_string(),
             keys: kind.keys_of(object),
-            status: object.status().map(RawValue::to_owned),
+            status: object.status().map(|s| LiveStatus::new(kind, s)),
             annotations: meta.annotations.clone().unwrap_or_default(),
             status_written_at: meta.status_written_at(),
         }
@@ -51,9 +57,17 @@ impl LiveObject {
         Ok(Self::from_raw(kind, &RawObject::parse(&json)?))
     }
 
-    /// The status, parsed.
+    /// The status, parsed, if its JSON is kept.
     pub fn status_value(&self) -> Option<Value> {
-        self.status.as_deref().and_then(|s| serde_json::from_str(s.get()).ok())
+        self.status.as_ref().and_then(LiveStatus::value)
+    }
+
+    /// The same object without its status JSON (digests kept).
+    pub fn compact(mut self) -> Self {
+        if let Some(status) = &mut self.status {
+            status.json = None;
+        }
+        self
     }
 
     pub fn object_ref(&self) -> ObjectRef {
@@ -69,6 +83,63 @@ impl LiveObject {
     pub fn ignored(&self) -> bool {
         annotations::is_quiesced(&self.annotations)
     }
+}
+
+/// A live status as restore decisions need it.
+#[derive(Debug, Clone)]
+pub struct LiveStatus {
+    /// sha256 of the JSON as the API server sent it.
+    sent: [u8; 32],
+    /// sha256 of its canonical form (parsed and written again: keys sorted, numbers and
+    /// strings in one spelling), so that equal statuses from two API servers compare equal.
+    canonical: [u8; 32],
+    /// Empty, or in one of the kind's initial states.
+    initial: bool,
+    json: Option<Box<RawValue>>,
+}
+
+impl LiveStatus {
+    pub fn new(kind: &KindProfile, raw: &RawValue) -> Self {
+        let value: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+        LiveStatus {
+            sent: Sha256::digest(raw.get()).into(),
+            canonical: canonical_digest(&value),
+            initial: kind.is_initial_status(Some(&value)),
+            json: Some(raw.to_owned()),
+        }
+    }
+
+    /// The JSON as the API server sent it, unless dropped.
+    pub fn json(&self) -> Option<&RawValue> {
+        self.json.as_deref()
+    }
+
+    pub fn value(&self) -> Option<Value> {
+        self.json().and_then(|s| serde_json::from_str(s.get()).ok())
+    }
+
+    pub fn is_initial(&self) -> bool {
+        self.initial
+    }
+
+    /// The same bytes as `raw`: equal without parsing anything.
+    pub fn same_bytes(&self, raw: &RawValue) -> bool {
+        self.sent == <[u8; 32]>::from(Sha256::digest(raw.get()))
+    }
+
+    /// Equal to `value` as JSON.
+    pub fn same_value(&self, value: &Value) -> bool {
+        self.canonical == canonical_digest(value)
+    }
+
+    /// Equal to `raw` as JSON.
+    pub fn equals(&self, raw: &RawValue) -> bool {
+        self.same_bytes(raw) || serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| self.same_value(&v))
+    }
+}
+
+fn canonical_digest(value: &Value) -> [u8; 32] {
+    Sha256::digest(serde_json::to_vec(value).unwrap_or_default()).into()
 }
 
 #[cfg(test)]
@@ -90,6 +161,10 @@ mod tests {
         let object = LiveObject::from_raw(profile.kind("Server").unwrap(), &RawObject::parse(json).unwrap());
         assert_eq!(object.keys, [key("spec.systemUUID", "abc")]);
         assert_eq!(object.status_value(), Some(json!({"state": "Available"})));
+        let status = object.clone().compact().status.unwrap();
+        assert!(status.json().is_none() && !status.is_initial());
+        assert!(status.equals(&RawValue::from_string(r#"{ "state" : "Available" }"#.into()).unwrap()));
+        assert!(!status.equals(&RawValue::from_string(r#"{"state":"Reserved"}"#.into()).unwrap()));
         assert_eq!(object.status_written_at, Some(ts("2026-11-30T08:30:00Z")));
         assert!(object.quiesced_by_restatus());
     }

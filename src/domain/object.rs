@@ -183,16 +183,6 @@ pub fn annotations_replaced(json: &str, changes: &Map<String, Value>) -> Result<
     Ok(body)
 }
 
-/// Whether two JSON documents are equal: byte-equal (the API server writes maps with sorted
-/// keys, so an unchanged status usually is), or equal once parsed.
-pub fn same_json(a: &RawValue, b: &RawValue) -> bool {
-    if a.get() == b.get() {
-        return true;
-    }
-    let parse = |r: &RawValue| serde_json::from_str::<serde_json::Value>(r.get()).ok();
-    matches!((parse(a), parse(b)), (Some(x), Some(y)) if x == y)
-}
-
 /// `null`, `{}` (with any white space) count as no status.
 pub fn is_empty_json(json: &str) -> bool {
     let compact: String = json.chars().filter(|c| !c.is_whitespace()).collect();
@@ -208,14 +198,6 @@ mod tests {
                     "labels":{"a":"b"},"annotations":{"metal.ironcore.dev/operation":"ignore"}},
         "spec":{"systemUUID":"ABC-def","bmc":{"address":"10.0.0.1","protocol":{"port":623}}},
         "status":{"state":"Available","networkInterfaces":[{"name":"eth0"}]}}"#;
-
-    #[test]
-    fn json_documents_compare_by_bytes_then_by_value() {
-        let raw = |s: &str| RawValue::from_string(s.into()).unwrap();
-        assert!(same_json(&raw(r#"{"a":1,"b":[2]}"#), &raw(r#"{"a":1,"b":[2]}"#)));
-        assert!(same_json(&raw(r#"{"a":1,"b":[2]}"#), &raw(r#"{ "b": [2], "a": 1 }"#)));
-        assert!(!same_json(&raw(r#"{"a":1}"#), &raw(r#"{"a":2}"#)));
-    }
 
     #[test]
     fn reads_metadata_and_nested_fields() {

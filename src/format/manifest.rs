@@ -165,6 +165,7 @@ impl Manifest {
                 uncompressed_size: payload.uncompressed_size,
                 sha256: payload.sha256,
                 records: payload.records,
+                frames: Some(payload.frames),
             },
             skipped: capture.skipped,
             conflicts: capture.conflicts,
@@ -243,6 +244,10 @@ pub struct PayloadInfo {
     /// Hex sha256 of the stored (compressed) bytes; readers check it before decompressing.
     pub sha256: String,
     pub records: u64,
+    /// zstd frames the payload is cut into (format 1.2): records never span two frames, so
+    /// one record's status is read by decompressing one frame. Absent before 1.2 (one frame).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frames: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

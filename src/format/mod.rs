@@ -7,19 +7,21 @@ mod id;
 mod manifest;
 mod payload;
 mod record;
+mod records;
 
 pub use id::SnapshotId;
 pub use manifest::{
     CLOCK_SKEW_TOLERANCE, CaptureSummary, Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest,
     ObjectRef, PayloadInfo, Skipped, is_ahead_of,
 };
-pub use payload::{PayloadEncoder, PayloadSummary, decode_records, verify_payload};
-pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, is_carried};
+pub use payload::{FRAME_BYTES, PayloadEncoder, PayloadSummary, decode_records, verify_payload};
+pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, RecordHead, is_carried};
+pub use records::Records;
 
 /// The major format version this build writes and reads. Readers refuse other majors.
 pub const FORMAT_MAJOR: u32 = 1;
 /// The minor version this build writes. Readers accept any minor of their major.
-pub const FORMAT_MINOR: u32 = 1;
+pub const FORMAT_MINOR: u32 = 2;
 
 /// Object names inside a snapshot's folder.
 pub const MANIFEST_FILE: &str = "manifest.json";

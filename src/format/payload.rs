@@ -2,7 +2,11 @@
 //!
 //! Writing streams: [`PayloadEncoder::push`] compresses as it goes and
 //! [`PayloadEncoder::take_output`] hands out the compressed bytes so far, so a backup holds one
-//! page of objects in memory, never the whole payload. Reading verifies before it decompresses.
+//! page of objects in memory, never the whole payload. The records are cut into zstd frames of
+//! about [`FRAME_BYTES`] (format 1.2), between records: a reader decompresses one frame to read
+//! one status. Concatenated frames are one valid zstd stream, so a reader that decompresses
+//! the payload as a whole (every 1.x reader) reads them unchanged. Reading verifies before it
+//! decompresses.
 
 use std::io::{BufRead, BufReader, Read, Write};
 
@@ -18,10 +22,21 @@ pub struct PayloadSummary {
     pub uncompressed_size: u64,
     pub sha256: String,
     pub records: u64,
+    pub frames: u64,
 }
 
+/// A frame is ended after the record that takes it to this many uncompressed bytes. Small
+/// enough that reading one status costs little; large enough that racks of similar servers
+/// still compress together.
+pub const FRAME_BYTES: u64 = 256 << 10;
+
 pub struct PayloadEncoder {
+    level: i32,
     zstd: zstd::Encoder<'static, Vec<u8>>,
+    /// Ended frames not yet handed out.
+    ended: Vec<u8>,
+    frame_bytes: u64,
+    frames: u64,
     line: Vec<u8>,
     hasher: Sha256,
     size: u64,
@@ -29,12 +44,20 @@ pub struct PayloadEncoder {
     records: u64,
 }
 
+fn frame_encoder(level: i32) -> std::io::Result<zstd::Encoder<'static, Vec<u8>>> {
+    let mut zstd = zstd::Encoder::new(Vec::with_capacity(FRAME_BYTES as usize / 4), level)?;
+    zstd.include_checksum(true)?;
+    Ok(zstd)
+}
+
 impl PayloadEncoder {
     pub fn new(level: i32) -> std::io::Result<Self> {
-        let mut zstd = zstd::Encoder::new(Vec::with_capacity(1 << 20), level)?;
-        zstd.include_checksum(true)?;
         Ok(PayloadEncoder {
-            zstd,
+            level,
+            zstd: frame_encoder(level)?,
+            ended: Vec::new(),
+            frame_bytes: 0,
+            frames: 0,
             line: Vec::with_capacity(64 << 10),
             hasher: Sha256::new(),
             size: 0,
@@ -49,30 +72,43 @@ impl PayloadEncoder {
         self.line.push(b'\n');
         self.zstd.write_all(&self.line)?;
         self.uncompressed_size += self.line.len() as u64;
+        self.frame_bytes += self.line.len() as u64;
         self.records += 1;
+        if self.frame_bytes >= FRAME_BYTES {
+            self.end_frame()?;
+        }
+        Ok(())
+    }
+
+    fn end_frame(&mut self) -> std::io::Result<()> {
+        let ended = std::mem::replace(&mut self.zstd, frame_encoder(self.level)?).finish()?;
+        self.ended.extend_from_slice(&ended);
+        self.frames += 1;
+        self.frame_bytes = 0;
         Ok(())
     }
 
     /// The compressed bytes produced since the last call (possibly none).
     pub fn take_output(&mut self) -> Vec<u8> {
-        let out = std::mem::take(self.zstd.get_mut());
+        let mut out = std::mem::take(&mut self.ended);
+        out.append(self.zstd.get_mut());
         self.account(&out);
         out
     }
 
-    /// Ends the zstd frame; returns the last compressed bytes and the summary.
+    /// Ends the last zstd frame (an empty payload is one empty frame); returns the last
+    /// compressed bytes and the summary.
     pub fn finish(mut self) -> std::io::Result<(Vec<u8>, PayloadSummary)> {
-        let head = self.take_output();
-        let tail = self.zstd.finish()?;
-        let mut out = head;
-        out.extend_from_slice(&tail);
-        self.hasher.update(&tail);
-        self.size += tail.len() as u64;
+        if self.frame_bytes > 0 || self.frames == 0 {
+            self.end_frame()?;
+        }
+        let out = self.take_output();
         let summary = PayloadSummary {
             size: self.size,
             uncompressed_size: self.uncompressed_size,
             sha256: hex::encode(self.hasher.finalize()),
             records: self.records,
+            frames: self.frames,
         };
         Ok((out, summary))
     }

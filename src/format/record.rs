@@ -13,10 +13,13 @@ pub const CARRIED_ANNOTATION_PREFIXES: &[&str] = &["restatus.ironcore.dev/", "me
 
 /// One captured object: where it lives, how to find it again without its uid, and its status.
 ///
-/// `status` is kept as raw JSON: restatus carries it, it does not need to understand it.
+/// `status` is kept as raw JSON: restatus carries it, it does not need to understand it. A
+/// [`RecordHead`] is a record without its status: what planning keeps in memory for every
+/// record, while statuses stay compressed in the payload until one is written
+/// (see [`Records`](super::Records)).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Record {
+pub struct Record<S = Box<RawValue>> {
     pub api_version: String,
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -37,10 +40,68 @@ pub struct Record {
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-    pub status: Box<RawValue>,
+    pub status: S,
 }
 
-impl Record {
+/// A record without its status.
+pub type RecordHead = Record<()>;
+
+impl<S> Record<S> {
+    /// The record's head, and its status.
+    pub fn split(self) -> (RecordHead, S) {
+        let Record {
+            api_version,
+            kind,
+            namespace,
+            name,
+            keys,
+            uid,
+            resource_version,
+            generation,
+            creation_timestamp,
+            labels,
+            annotations,
+            status,
+        } = self;
+        let head = Record {
+            api_version,
+            kind,
+            namespace,
+            name,
+            keys,
+            uid,
+            resource_version,
+            generation,
+            creation_timestamp,
+            labels,
+            annotations,
+            status: (),
+        };
+        (head, status)
+    }
+}
+
+impl RecordHead {
+    /// The whole record again, with its status.
+    pub fn with_status<S>(&self, status: S) -> Record<S> {
+        Record {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            keys: self.keys.clone(),
+            uid: self.uid.clone(),
+            resource_version: self.resource_version.clone(),
+            generation: self.generation,
+            creation_timestamp: self.creation_timestamp.clone(),
+            labels: self.labels.clone(),
+            annotations: self.annotations.clone(),
+            status,
+        }
+    }
+}
+
+impl<S> Record<S> {
     /// `namespace/name`, or `name` for cluster-scoped objects.
     pub fn object_name(&self) -> String {
         match &self.namespace {

@@ -325,8 +325,13 @@ mod tests {
             },
             ..crate::format::CaptureSummary::empty()
         };
-        let summary =
-            crate::format::PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0 };
+        let summary = crate::format::PayloadSummary {
+            size: 0,
+            uncompressed_size: 0,
+            sha256: String::new(),
+            records: 0,
+            frames: 0,
+        };
         let id = crate::format::SnapshotId::new(Timestamp::now());
         let manifest = Manifest::new("c", id, Timestamp::now(), "p", capture, summary);
         let note = blocked_note(&manifest);

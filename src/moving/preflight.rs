@@ -20,8 +20,7 @@ use tracing::info;
 use crate::backup::{self, BackupOptions};
 use crate::domain::identity::{IdentityKey, KindProfile, Profile};
 use crate::domain::live::LiveObject;
-use crate::domain::object::same_json;
-use crate::format::{Consistency, ObjectRef, Record};
+use crate::format::{Consistency, ObjectRef, Records};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, api_for};
 use crate::moving::cluster::{self, ClusterView, MachineView};
 use crate::restore::read_live;
@@ -76,11 +75,11 @@ pub fn evaluate(observed: &Observed) -> Vec<Blocker> {
 }
 
 /// Live objects whose status differs from their record, or that have a status and no record.
-pub fn stale_objects(snapshot: &str, records: &[Record], live: &[LiveObject]) -> Vec<Blocker> {
-    let mut by_key: HashMap<(&str, &IdentityKey), &Record> = HashMap::new();
-    for record in records {
+pub fn stale_objects(snapshot: &str, records: &Records, live: &[LiveObject]) -> Result<Vec<Blocker>> {
+    let mut by_key: HashMap<(&str, &IdentityKey), usize> = HashMap::new();
+    for (i, record) in records.heads().iter().enumerate() {
         for key in &record.keys {
-            by_key.insert((record.kind.as_str(), key), record);
+            by_key.insert((record.kind.as_str(), key), i);
         }
     }
     let mut out = Vec::new();
@@ -88,8 +87,8 @@ pub fn stale_objects(snapshot: &str, records: &[Record], live: &[LiveObject]) ->
         let record = object.keys.iter().find_map(|k| by_key.get(&(object.kind.as_str(), k)));
         let reason = match record {
             None => format!("has a status and is not in snapshot {snapshot}"),
-            Some(record) => {
-                if object.status.as_deref().is_some_and(|s| same_json(s, &record.status)) {
+            Some(&record) => {
+                if object.status.as_ref().is_some_and(|s| records.status(record).is_ok_and(|r| s.equals(&r))) {
                     continue;
                 }
                 format!("status changed after snapshot {snapshot}")
@@ -97,7 +96,7 @@ pub fn stale_objects(snapshot: &str, records: &[Record], live: &[LiveObject]) ->
         };
         out.push(Blocker { object: object.object_ref(), reason });
     }
-    out
+    Ok(out)
 }
 
 #[derive(Debug, Clone)]
@@ -121,7 +120,7 @@ pub struct PreflightReport {
 /// Reads the source cluster (and the snapshot store for freshness) and evaluates.
 pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &PreflightOptions) -> Result<PreflightReport> {
     let page = PageRequest { size: DEFAULT_PAGE_SIZE, selector: opts.selector.as_deref(), namespace: None };
-    let live = read_live(client, &opts.profile, &page).await?;
+    let live = read_live(client, &opts.profile, &page, false).await?;
     let clusters = cluster::clusters(client, opts.cluster_namespace.as_deref()).await?;
     let machines = cluster::machines(client, opts.cluster_namespace.as_deref()).await?;
     let (stale, snapshot) = match opts.freshness {
@@ -137,7 +136,7 @@ async fn freshness(store: &SnapshotStore, live: &[LiveObject]) -> Result<(Option
     match choose_snapshot(store, None, false).await {
         Ok(loaded) => {
             let id = loaded.manifest.snapshot_id.to_string();
-            Ok((Some(stale_objects(&id, &loaded.records, live)), Some(id)))
+            Ok((Some(stale_objects(&id, &loaded.records, live)?), Some(id)))
         }
         Err(Error::NoGoodSnapshot { .. }) => {
             let object = ObjectRef { kind: "Snapshot".into(), namespace: None, name: store.cluster_id().into() };
@@ -286,8 +285,11 @@ mod tests {
             live("Server", "changed", &[key], Some(json!({"state": "Available"}))),
             live("Server", "new", &[], Some(json!({"state": "Available"}))),
         ];
-        let stale: Vec<String> =
-            stale_objects("S1", &[record], &objects).iter().map(|b| format!("{}: {}", b.object, b.reason)).collect();
+        let stale: Vec<String> = stale_objects("S1", &Records::from_records(vec![record]), &objects)
+            .unwrap()
+            .iter()
+            .map(|b| format!("{}: {}", b.object, b.reason))
+            .collect();
         assert_eq!(
             stale,
             ["Server changed: status changed after snapshot S1", "Server new: has a status and is not in snapshot S1"]

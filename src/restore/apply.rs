@@ -31,7 +31,7 @@ use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
 use crate::domain::pairing::{METAL_GROUP, ServerView, View};
-use crate::format::{Manifest, ObjectRef, Record};
+use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
 use crate::k8s::Writer;
 use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
 use crate::{Error, Result};
@@ -65,9 +65,9 @@ pub struct Applier<'a> {
     writer: &'a Writer,
     profile: &'a Profile,
     manifest: &'a Manifest,
-    records: &'a [Record],
+    records: &'a Records,
     /// Every record of the snapshot (`records` may be a part of them), for what a BMC awaits.
-    snapshot_records: &'a [Record],
+    snapshot_records: &'a Records,
     force: bool,
 }
 
@@ -76,14 +76,14 @@ impl<'a> Applier<'a> {
         writer: &'a Writer,
         profile: &'a Profile,
         manifest: &'a Manifest,
-        records: &'a [Record],
+        records: &'a Records,
         force: bool,
     ) -> Self {
         Applier { writer, profile, manifest, records, snapshot_records: records, force }
     }
 
     /// Every record of the snapshot, when the applier plans with a part of them.
-    pub fn with_snapshot_records(mut self, all: &'a [Record]) -> Self {
+    pub fn with_snapshot_records(mut self, all: &'a Records) -> Self {
         self.snapshot_records = all;
         self
     }
@@ -115,9 +115,11 @@ impl<'a> Applier<'a> {
             let error = Some("plan item without a live object: nothing to write".into());
             return Outcome { object, verdict: item.verdict, writes: 0, reason: None, held: None, error, after: None };
         };
-        let record = item.record.and_then(|r| self.records.get(r));
         let mut sequence = WriteSequence::new(self, kind, object);
-        let result = sequence.run(item, record).await;
+        let result = match item.record.map(|r| self.records.record(r)).transpose() {
+            Ok(record) => sequence.run(item, record.as_ref()).await,
+            Err(e) => Err(e),
+        };
         let mut outcome = Outcome {
             object: object.object_ref(),
             verdict: sequence.verdict.unwrap_or(item.verdict),
@@ -271,6 +273,12 @@ impl<'a> WriteSequence<'a> {
             self.writes += 1;
             writer.replace(self.kind, &self.current, Some("status"), body).await
         } else {
+            if self.current.status.as_ref().is_some_and(|s| s.json().is_none()) {
+                // The patch must name the live fields the record lacks: read them.
+                let fresh = writer.get(self.kind, &self.current).await?;
+                let fresh = RawObject::parse(&fresh).map_err(|e| self.invalid(e.to_string()))?;
+                self.current = LiveObject::from_raw(self.kind, &fresh);
+            }
             let body = status_patch(&self.current, record).map_err(corrupt)?;
             self.writes += 1;
             writer.merge_patch(self.kind, &self.current, None, &body).await
@@ -287,7 +295,7 @@ impl<'a> WriteSequence<'a> {
         let fresh = LiveObject::from_raw(self.kind, &fresh);
         let decision = if record.keys.iter().any(|k| fresh.keys.contains(k)) {
             let (manifest, force) = (self.applier.manifest, self.applier.force);
-            plan::decide(self.kind, record, &fresh, manifest.comparable_time(jiff::Timestamp::now()), force)
+            plan::decide(&record.status, &fresh, manifest.comparable_time(jiff::Timestamp::now()), force)
         } else {
             let keys: Vec<String> = fresh.keys.iter().map(ToString::to_string).collect();
             let reason = format!(
@@ -296,7 +304,7 @@ impl<'a> WriteSequence<'a> {
                 fresh.uid,
                 keys.join(", ")
             );
-            plan::Decision { verdict: Verdict::MissingOnTarget, reason, forced: false, changes: vec![] }
+            plan::Decision { verdict: Verdict::MissingOnTarget, reason, forced: false }
         };
         info!(object = %fresh.object_ref(), verdict = %decision.verdict, reason = %decision.reason, "object changed during the restore; decided again");
         // What restatus owns is what the object carries now.
@@ -368,7 +376,7 @@ impl<'a> WriteSequence<'a> {
                     }
                     _ => vec![],
                 },
-                ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.snapshot_records)
+                ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.snapshot_records.heads())
                     .into_iter()
                     .map(|name| (servers, None, name.to_string()))
                     .collect(),
@@ -429,7 +437,7 @@ impl<'a> WriteSequence<'a> {
 
 /// The Servers the snapshot holds for BMC `bmc`, by metal-operator's naming of the Servers a
 /// BMC's systems get: `<bmc>-system-<index>`.
-fn servers_of_bmc<'r>(bmc: &str, records: &'r [Record]) -> Vec<&'r str> {
+fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r str> {
     let prefix = format!("{bmc}-system-");
     records
         .iter()
@@ -572,7 +580,7 @@ mod tests {
         let kind = profile.kind("Server").unwrap();
         let writer = Writer::scripted(client, &["Server"]);
         let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
-        let records = [record("Server", "server-1", &[uuid("uuid-1")], recorded)];
+        let records = Records::from_records(vec![record("Server", "server-1", &[uuid("uuid-1")], recorded)]);
         let live = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
         let applier = Applier::new(&writer, &profile, &manifest, &records, false);
         let item = PlanItem {
@@ -580,7 +588,7 @@ mod tests {
             verdict: Verdict::Restore,
             key: Some(uuid("uuid-1").to_string()),
             target: Some(live.object_ref()),
-            source: Some(records[0].object_ref()),
+            source: Some(records.heads()[0].object_ref()),
             reason: "live status is empty".into(),
             forced: false,
             changes: vec![],
@@ -728,7 +736,7 @@ mod tests {
 
     #[test]
     fn a_bmc_awaits_the_servers_of_its_systems_named_as_metal_operator_names_them() {
-        let server = |name: &str| record("Server", name, &[], json!({}));
+        let server = |name: &str| record("Server", name, &[], json!({})).split().0;
         let records = [
             server("rack1-bmc-system-0"),
             server("rack1-bmc-system-1"),

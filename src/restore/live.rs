@@ -23,14 +23,21 @@ impl LiveState {
     }
 }
 
-/// Lists every kind of the profile (Secrets never) and views each object.
-pub async fn read_live(client: &kube::Client, profile: &Profile, page: &PageRequest<'_>) -> Result<LiveState> {
+/// Lists every kind of the profile (Secrets never) and views each object. Statuses are kept
+/// as digests, their JSON only with `keep_json` (to show what a restore changes).
+pub async fn read_live(
+    client: &kube::Client,
+    profile: &Profile,
+    page: &PageRequest<'_>,
+    keep_json: bool,
+) -> Result<LiveState> {
     let mut objects = Vec::new();
     let mut collector = Collector::new();
     for kind in profile.kinds.iter().filter(|k| !k.is_denied()) {
         list_objects(client, kind, page, |object| {
             collector.add(kind, object);
-            objects.push(LiveObject::from_raw(kind, object));
+            let live = LiveObject::from_raw(kind, object);
+            objects.push(if keep_json { live } else { live.compact() });
             Ok(())
         })
         .await?;

@@ -42,6 +42,9 @@ pub struct RestoreOptions {
     pub page_size: u32,
     /// Only objects with these labels (a Kubernetes label selector).
     pub selector: Option<String>,
+    /// List the status fields each restore changes in the plan (dry runs, JSON reports).
+    /// Keeps every live status in memory while planning.
+    pub explain: bool,
 }
 
 impl RestoreOptions {
@@ -59,6 +62,7 @@ impl RestoreOptions {
             concurrency: 16,
             page_size: DEFAULT_PAGE_SIZE,
             selector: None,
+            explain: false,
         }
     }
 }
@@ -94,7 +98,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
     let manifest = &loaded.manifest;
     info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), "snapshot loaded and verified");
     let started = std::time::Instant::now();
-    let live = read_live(client, &opts.profile, &opts.page()).await?;
+    let live = read_live(client, &opts.profile, &opts.page(), opts.explain).await?;
     info!(objects = live.objects.len(), elapsed = ?started.elapsed(), "target listed");
     let plan = plan::plan(&PlanInput {
         profile: &opts.profile,
@@ -103,7 +107,8 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         records: &loaded.records,
         live: &live.objects,
         force: opts.force,
-    });
+        explain: opts.explain,
+    })?;
     let counts = plan.counts();
     info!(writing = plan.writes(), elapsed = ?started.elapsed(), "plan built");
     let mut report = RestoreReport {

@@ -19,7 +19,10 @@ use serde_json::Value;
 
 use crate::domain::identity::{IdentityKey, KindProfile, Profile};
 use crate::domain::live::LiveObject;
-use crate::format::{ObjectRef, Record, SnapshotId};
+use serde_json::value::RawValue;
+
+use crate::Result;
+use crate::format::{ObjectRef, Records, SnapshotId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -140,20 +143,24 @@ pub struct PlanInput<'a> {
     /// When the snapshot's capture started, if comparable with the target's write times
     /// (see [`Manifest::comparable_time`](crate::format::Manifest::comparable_time)).
     pub snapshot_time: Option<Timestamp>,
-    pub records: &'a [Record],
+    pub records: &'a Records,
     pub live: &'a [LiveObject],
     /// Overwrite live statuses that moved on after the snapshot.
     pub force: bool,
+    /// List the status fields each restore changes (for people: dry runs and reports). Costs
+    /// memory at scale, and needs the live statuses' JSON.
+    pub explain: bool,
 }
 
 /// Builds the plan: kinds in profile order (the order to apply them in), records in payload
-/// order, then the live objects no record matched.
-pub fn plan(input: &PlanInput<'_>) -> RestorePlan {
+/// order, then the live objects no record matched. Fails only when a record's status cannot
+/// be read back from its verified payload.
+pub fn plan(input: &PlanInput<'_>) -> Result<RestorePlan> {
     let mut items = Vec::new();
     for kind in &input.profile.kinds {
-        items.extend(plan_kind(input, kind));
+        items.extend(plan_kind(input, kind)?);
     }
-    RestorePlan { snapshot: input.snapshot.clone(), items }
+    Ok(RestorePlan { snapshot: input.snapshot.clone(), items })
 }
 
 /// How one record found (or did not find) its live object.
@@ -182,8 +189,9 @@ impl Match<'_> {
 
 /// One kind's items: matching first (records to live objects, by key), then a decision for
 /// each record matched to exactly one object, then the live objects nothing matched.
-fn plan_kind(input: &PlanInput<'_>, kind: &KindProfile) -> Vec<PlanItem> {
-    let records: Vec<usize> = (0..input.records.len()).filter(|&i| input.records[i].kind == kind.kind).collect();
+fn plan_kind(input: &PlanInput<'_>, kind: &KindProfile) -> Result<Vec<PlanItem>> {
+    let heads = input.records.heads();
+    let records: Vec<usize> = (0..heads.len()).filter(|&i| heads[i].kind == kind.kind).collect();
     let matches = match_records(input, kind, &records);
     // Records per live object among the unique matches: two records reaching one object
     // through different keys make both ambiguous.
@@ -203,11 +211,11 @@ fn plan_kind(input: &PlanInput<'_>, kind: &KindProfile) -> Vec<PlanItem> {
             Match::One { live, .. } => rivals[live],
             _ => 0,
         };
-        items.push(record_item(input, kind, *r, m, record_rivals));
+        items.push(record_item(input, kind, *r, m, record_rivals)?);
     }
     let unmatched = (0..input.live.len()).filter(|&l| input.live[l].kind == kind.kind && !matched[l]);
     items.extend(unmatched.map(|l| unmatched_item(kind, l, &input.live[l])));
-    items
+    Ok(items)
 }
 
 /// Matches each record (by index) to the live objects by the first of its keys that finds any.
@@ -218,12 +226,13 @@ fn match_records<'a>(input: &PlanInput<'a>, kind: &KindProfile, records: &[usize
             by_key.entry(key).or_default().push(l);
         }
     }
+    let heads = input.records.heads();
     let mut primaries: HashMap<&IdentityKey, usize> = HashMap::new();
-    for key in records.iter().filter_map(|&r| input.records[r].primary_key()) {
+    for key in records.iter().filter_map(|&r| heads[r].primary_key()) {
         *primaries.entry(key).or_default() += 1;
     }
     let match_one = |r: usize| {
-        let record = &input.records[r];
+        let record = &heads[r];
         let Some((key, live)) = record.keys.iter().find_map(|k| by_key.get(k).map(|ls| (k, ls))) else {
             return Match::Missing;
         };
@@ -239,8 +248,8 @@ fn match_records<'a>(input: &PlanInput<'a>, kind: &KindProfile, records: &[usize
 }
 
 /// The item of record `r` given its match (`rivals`: records uniquely matching its object).
-fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: &Match<'_>, rivals: usize) -> PlanItem {
-    let record = &input.records[r];
+fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: &Match<'_>, rivals: usize) -> Result<PlanItem> {
+    let record = &input.records.heads()[r];
     let mut item = PlanItem {
         kind: kind.kind.clone(),
         verdict: Verdict::Ambiguous,
@@ -281,13 +290,17 @@ fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: &Match<'_
                 // its status is settled (restored, equal, or moved on and its controller has
                 // state to work from).
                 item.release = object.quiesced_by_restatus();
-                let decision = decide(kind, record, object, input.snapshot_time, input.force);
-                (item.verdict, item.reason, item.forced, item.changes) =
-                    (decision.verdict, decision.reason, decision.forced, decision.changes);
+                let status = input.records.status(r)?;
+                let decision = decide(&status, object, input.snapshot_time, input.force);
+                (item.verdict, item.reason, item.forced) = (decision.verdict, decision.reason, decision.forced);
+                if input.explain && item.verdict == Verdict::Restore {
+                    let wanted: Value = serde_json::from_str(status.get()).unwrap_or(Value::Null);
+                    item.changes = diff(object.status_value().as_ref(), &wanted);
+                }
             }
         }
     }
-    item
+    Ok(item)
 }
 
 /// A live object that no record matched.
@@ -315,39 +328,29 @@ pub struct Decision {
     pub reason: String,
     /// `--force` made this a restore.
     pub forced: bool,
-    /// The fields a restore changes (empty unless the verdict is `restore`).
-    pub changes: Vec<FieldChange>,
 }
 
 impl Decision {
     fn new(verdict: Verdict, reason: impl Into<String>) -> Self {
-        Decision { verdict, reason: reason.into(), forced: false, changes: vec![] }
+        Decision { verdict, reason: reason.into(), forced: false }
     }
 }
 
-/// The decision for one record and its one live object: restore when the live status is
-/// empty, initial or older than the snapshot (or `force`); equal needs nothing; a status
-/// that moved on is skipped.
-pub fn decide(
-    kind: &KindProfile,
-    record: &Record,
-    object: &LiveObject,
-    snapshot_time: Option<Timestamp>,
-    force: bool,
-) -> Decision {
+/// The decision for one record's status and its one live object: restore when the live
+/// status is empty, initial or older than the snapshot (or `force`); equal needs nothing; a
+/// status that moved on is skipped.
+pub fn decide(recorded: &RawValue, object: &LiveObject, snapshot_time: Option<Timestamp>, force: bool) -> Decision {
     let equal = || Decision::new(Verdict::AlreadyEqual, "live status equals the snapshot");
-    if object.status.as_deref().is_some_and(|s| s.get() == record.status.get()) {
+    if object.status.as_ref().is_some_and(|s| s.same_bytes(recorded)) {
         return equal();
     }
-    let wanted: Value = serde_json::from_str(record.status.get()).unwrap_or(Value::Null);
-    let live = object.status_value();
-    let restore =
-        |reason: &str| Decision { changes: diff(live.as_ref(), &wanted), ..Decision::new(Verdict::Restore, reason) };
-    if live.as_ref() == Some(&wanted) {
+    let wanted: Value = serde_json::from_str(recorded.get()).unwrap_or(Value::Null);
+    let restore = |reason: &str| Decision::new(Verdict::Restore, reason);
+    if object.status.as_ref().is_some_and(|s| s.same_value(&wanted)) {
         equal()
-    } else if live.is_none() {
+    } else if object.status.is_none() {
         restore("live status is empty")
-    } else if kind.is_initial_status(live.as_ref()) {
+    } else if object.status.as_ref().is_some_and(|s| s.is_initial()) {
         restore("live status is still initial")
     } else if object.status_written_at.zip(snapshot_time).is_some_and(|(t, s)| written_before(t, s)) {
         restore("live status was last written before the snapshot")
@@ -411,6 +414,7 @@ mod tests {
     use super::*;
     use crate::domain::annotations::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
     use crate::fixtures::{SNAPSHOT_TIME, key, live, record, ts};
+    use crate::format::Record;
     use serde_json::json;
 
     const SNAP: &str = SNAPSHOT_TIME;
@@ -418,7 +422,17 @@ mod tests {
     fn run(records: &[Record], live: &[LiveObject], force: bool) -> RestorePlan {
         let profile = Profile::metal_operator();
         let id = SnapshotId::new(ts(SNAP));
-        plan(&PlanInput { profile: &profile, snapshot: &id, snapshot_time: Some(ts(SNAP)), records, live, force })
+        let records = &Records::from_records(records.to_vec());
+        plan(&PlanInput {
+            profile: &profile,
+            snapshot: &id,
+            snapshot_time: Some(ts(SNAP)),
+            records,
+            live,
+            force,
+            explain: true,
+        })
+        .unwrap()
     }
 
     fn verdicts(plan: &RestorePlan) -> Vec<(String, Verdict)> {
@@ -482,8 +496,10 @@ mod tests {
     fn a_boot_configuration_metal_operator_set_pending_is_restored() {
         let k = key(crate::domain::identity::NAMESPACED_NAME, "ns/claim-1");
         let mut object = live("ServerBootConfiguration", "claim-1", std::slice::from_ref(&k), None);
-        object.status =
-            Some(serde_json::value::RawValue::from_string(json!({"state": "Pending"}).to_string()).unwrap());
+        let pending = serde_json::value::RawValue::from_string(json!({"state": "Pending"}).to_string()).unwrap();
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("ServerBootConfiguration").unwrap();
+        object.status = Some(crate::domain::live::LiveStatus::new(kind, &pending));
         object.status_written_at = Some(ts("2026-11-30T09:05:00Z"));
         let ready = json!({"state": "Ready"});
         let p = run(&[record("ServerBootConfiguration", "claim-1", &[k], ready)], &[object], false);
@@ -516,7 +532,7 @@ mod tests {
         object.status_written_at = Some(ts("2026-11-30T09:00:00Z"));
         let profile = Profile::metal_operator();
         let id = SnapshotId::new(ts(SNAP));
-        let records = [record("Server", "s1", &[k], reserved())];
+        let records = Records::from_records(vec![record("Server", "s1", &[k], reserved())]);
         let input = PlanInput {
             profile: &profile,
             snapshot: &id,
@@ -524,8 +540,9 @@ mod tests {
             records: &records,
             live: std::slice::from_ref(&object),
             force: false,
+            explain: true,
         };
-        assert_eq!(plan(&input).items[0].verdict, Verdict::SkipNewer);
+        assert_eq!(plan(&input).unwrap().items[0].verdict, Verdict::SkipNewer);
     }
 
     #[test]
@@ -659,7 +676,7 @@ mod tests {
         object.status_written_at = Some(ts("2026-11-30T08:00:00Z"));
         let profile = Profile::metal_operator();
         let id = SnapshotId::new(ts(SNAP));
-        let records = [record("Server", "s1", &[k], reserved())];
+        let records = Records::from_records(vec![record("Server", "s1", &[k], reserved())]);
         let mut input = PlanInput {
             profile: &profile,
             snapshot: &id,
@@ -667,14 +684,15 @@ mod tests {
             records: &records,
             live: std::slice::from_ref(&object),
             force: false,
+            explain: true,
         };
-        let item = &plan(&input).items[0];
+        let item = &plan(&input).unwrap().items[0];
         assert_eq!(item.verdict, Verdict::SkipNewer);
         assert!(item.reason.contains("dated ahead of this clock"), "{}", item.reason);
         // An empty status is still restored.
         let bare = LiveObject { status: None, ..object.clone() };
         input.live = std::slice::from_ref(&bare);
-        assert_eq!(plan(&input).items[0].verdict, Verdict::Restore);
+        assert_eq!(plan(&input).unwrap().items[0].verdict, Verdict::Restore);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use tracing::warn;
 
-use crate::format::{Manifest, Record, SnapshotId};
+use crate::format::{Manifest, Records, SnapshotId};
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
 
@@ -19,7 +19,7 @@ pub struct Passed {
 /// A verified snapshot, ready to plan from.
 pub struct Loaded {
     pub manifest: Manifest,
-    pub records: Vec<Record>,
+    pub records: Records,
     pub passed_over: Vec<Passed>,
 }
 
@@ -30,35 +30,27 @@ pub async fn choose_snapshot(
     pinned: Option<&SnapshotId>,
     allow_inconsistent: bool,
 ) -> Result<Loaded> {
+    // The manifest says whether the snapshot is consistent: an inconsistent one is passed
+    // over before its payload is downloaded.
     let load = |id: SnapshotId| async move {
-        let mut records = Vec::new();
-        let manifest = store
-            .load(&id, |r| {
-                records.push(r);
-                Ok(())
-            })
-            .await?;
-        Ok::<_, Error>((manifest, records))
-    };
-    let inconsistent = |manifest: &Manifest| {
-        let summary = manifest.consistency.as_ref().map_or_else(|| "0 reasons".into(), |c| c.summary());
-        format!("inconsistent capture ({summary}); --allow-inconsistent uses it")
-    };
-    if let Some(id) = pinned {
-        let (manifest, records) = load(id.clone()).await?;
+        let manifest = store.manifest(&id).await?;
         if !manifest.is_consistent() && !allow_inconsistent {
             return Err(Error::Inconsistent { snapshot: id.to_string(), reason: inconsistent(&manifest) });
         }
-        return Ok(Loaded { manifest, records, passed_over: vec![] });
+        let records = Records::decode(&manifest, store.payload(&manifest).await?)?;
+        Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![] })
+    };
+    if let Some(id) = pinned {
+        return load(id.clone()).await;
     }
     let mut passed_over = Vec::new();
     for entry in store.list().await?.into_iter().rev().filter(|e| e.complete) {
         match load(entry.id.clone()).await {
-            Ok((manifest, _)) if !manifest.is_consistent() && !allow_inconsistent => {
+            Err(Error::Inconsistent { snapshot, reason }) => {
                 warn!(snapshot = %entry.id, "snapshot is inconsistent; trying the previous one");
-                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: inconsistent(&manifest) });
+                passed_over.push(Passed { snapshot, reason });
             }
-            Ok((manifest, records)) => return Ok(Loaded { manifest, records, passed_over }),
+            Ok(loaded) => return Ok(Loaded { passed_over, ..loaded }),
             Err(e @ (Error::Store { .. } | Error::Io { .. } | Error::TooLarge { .. })) => return Err(e),
             Err(e) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot skipped; trying the previous one");
@@ -71,6 +63,11 @@ pub async fn choose_snapshot(
         location: store.location().to_string(),
         passed_over: passed_over.len(),
     })
+}
+
+fn inconsistent(manifest: &Manifest) -> String {
+    let summary = manifest.consistency.as_ref().map_or_else(|| "0 reasons".into(), |c| c.summary());
+    format!("inconsistent capture ({summary}); --allow-inconsistent uses it")
 }
 
 /// A snapshot id, or `latest`: the newest snapshot with a manifest.

@@ -1,0 +1,324 @@
+//! A verified snapshot's records, held for planning: every record's head (keys, names,
+//! metadata) in memory, the statuses left compressed in the payload until one is needed.
+//!
+//! A 1.2 payload is cut into zstd frames of about [`FRAME_BYTES`](super::FRAME_BYTES); a
+//! status is read by decompressing its frame (a few recently used frames are kept), so memory
+//! grows with the number of records (their heads, some 300 bytes each), not with the size of
+//! their statuses. Statuses of frames much larger than that (a 1.0/1.1 payload is one frame)
+//! are kept in memory as they are decoded: such snapshots cost what they always cost.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, Read};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+use super::{FRAME_BYTES, Manifest, Record, RecordHead, verify_payload};
+use crate::Error;
+
+/// Frames larger than this keep their statuses in memory when decoded.
+const LARGE_FRAME: u64 = 4 * FRAME_BYTES;
+/// Decompressed frames kept for the statuses read next (records are read in payload order).
+const CACHED_FRAMES: usize = 8;
+
+/// Where one record's status is.
+#[derive(Debug, Clone)]
+enum StatusAt {
+    /// Bytes `start..start+len` of decompressed frame `frame`.
+    Frame {
+        frame: u32,
+        start: u32,
+        len: u32,
+    },
+    Held(Box<RawValue>),
+}
+
+/// The records of one snapshot, in payload order.
+pub struct Records {
+    /// The snapshot, for errors.
+    snapshot: String,
+    heads: Vec<RecordHead>,
+    statuses: Vec<StatusAt>,
+    payload: Bytes,
+    frames: Vec<Range<usize>>,
+    cache: Mutex<VecDeque<(u32, Arc<Vec<u8>>)>>,
+}
+
+impl std::fmt::Debug for Records {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Records").field("records", &self.heads.len()).field("frames", &self.frames.len()).finish()
+    }
+}
+
+impl Records {
+    /// Records held whole in memory (a few, or in tests).
+    pub fn from_records(records: Vec<Record>) -> Self {
+        let (heads, statuses) = records.into_iter().map(|r| r.split()).map(|(h, s)| (h, StatusAt::Held(s))).unzip();
+        Records {
+            snapshot: "(records in memory)".into(),
+            heads,
+            statuses,
+            payload: Bytes::new(),
+            frames: vec![],
+            cache: Mutex::default(),
+        }
+    }
+
+    /// Verifies a payload against its manifest (size and sha256 before anything is
+    /// decompressed), then decodes every frame once, never more than the manifest declares,
+    /// and keeps the record heads and where each status is.
+    pub fn decode(manifest: &Manifest, payload: Bytes) -> Result<Self, Error> {
+        verify_payload(manifest, &payload)?;
+        let id = &manifest.snapshot_id;
+        let declared = manifest.payload.uncompressed_size;
+        let mut records = Records {
+            snapshot: id.to_string(),
+            heads: Vec::with_capacity(manifest.payload.records.min(1 << 20) as usize),
+            statuses: Vec::new(),
+            payload,
+            frames: Vec::new(),
+            cache: Mutex::default(),
+        };
+        let mut total: u64 = 0;
+        let mut at = 0;
+        while at < records.payload.len() {
+            let size = zstd::zstd_safe::find_frame_compressed_size(&records.payload[at..]).map_err(|code| {
+                let reason = zstd::zstd_safe::get_error_name(code);
+                Error::corrupt(id, format!("payload frame at byte {at} is not zstd: {reason}"))
+            })?;
+            let frame = records.frames.len() as u32;
+            let data = decompress(id.as_str(), &records.payload[at..at + size], declared - total)?;
+            total += data.len() as u64;
+            records.frames.push(at..at + size);
+            records.add_frame(id.as_str(), frame, &data)?;
+            at += size;
+        }
+        if total != declared {
+            return Err(Error::corrupt(
+                id,
+                format!("payload decompresses to {total} bytes, manifest declares {declared}"),
+            ));
+        }
+        if records.heads.len() as u64 != manifest.payload.records {
+            let reason = format!(
+                "payload holds {} records, manifest declares {}",
+                records.heads.len(),
+                manifest.payload.records
+            );
+            return Err(Error::corrupt(id, reason));
+        }
+        Ok(records)
+    }
+
+    /// Reads one frame's records: heads, and where their statuses are.
+    fn add_frame(&mut self, id: &str, frame: u32, data: &[u8]) -> Result<(), Error> {
+        let hold = data.len() as u64 > LARGE_FRAME;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let n = self.heads.len() + 1;
+            let Some(end) = rest.iter().position(|&b| b == b'\n') else {
+                return Err(Error::corrupt(id, format!("record {n} is cut off")));
+            };
+            let line = &rest[..=end];
+            let record: Record<&RawValue> = serde_json::from_slice(line)
+                .map_err(|e| Error::corrupt(id, format!("record {n} is not valid: {e}")))?;
+            let (head, status) = record.split();
+            let at = match hold {
+                true => StatusAt::Held(status.to_owned()),
+                false => {
+                    let start = status.get().as_ptr() as usize - data.as_ptr() as usize;
+                    StatusAt::Frame { frame, start: start as u32, len: status.get().len() as u32 }
+                }
+            };
+            self.heads.push(head);
+            self.statuses.push(at);
+            rest = &rest[end + 1..];
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.heads.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.heads.is_empty()
+    }
+
+    pub fn heads(&self) -> &[RecordHead] {
+        &self.heads
+    }
+
+    pub fn head(&self, i: usize) -> Option<&RecordHead> {
+        self.heads.get(i)
+    }
+
+    /// Record `i`'s status, read from its frame.
+    pub fn status(&self, i: usize) -> Result<Box<RawValue>, Error> {
+        let at = self.statuses.get(i).ok_or_else(|| self.corrupt(format!("no record {i}")))?;
+        let (frame, start, len) = match at {
+            StatusAt::Held(status) => return Ok(status.clone()),
+            StatusAt::Frame { frame, start, len } => (*frame, *start as usize, *len as usize),
+        };
+        let data = self.frame(frame)?;
+        let bytes = data.get(start..start + len).ok_or_else(|| self.corrupt(format!("record {i} is cut off")))?;
+        let text = std::str::from_utf8(bytes).map_err(|e| self.corrupt(format!("record {i}: {e}")))?;
+        RawValue::from_string(text.to_string()).map_err(|e| self.corrupt(format!("record {i}: {e}")))
+    }
+
+    /// Record `i`, whole.
+    pub fn record(&self, i: usize) -> Result<Record, Error> {
+        let head = self.head(i).ok_or_else(|| self.corrupt(format!("no record {i}")))?;
+        Ok(head.with_status(self.status(i)?))
+    }
+
+    /// The decompressed frame, from the cache or decompressed again.
+    fn frame(&self, frame: u32) -> Result<Arc<Vec<u8>>, Error> {
+        if let Ok(cache) = self.cache.lock()
+            && let Some((_, data)) = cache.iter().find(|(f, _)| *f == frame)
+        {
+            return Ok(data.clone());
+        }
+        let range = self.frames.get(frame as usize).ok_or_else(|| self.corrupt(format!("no frame {frame}")))?;
+        let data = Arc::new(decompress(&self.snapshot, &self.payload[range.clone()], LARGE_FRAME)?);
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.len() == CACHED_FRAMES {
+                cache.pop_back();
+            }
+            cache.push_front((frame, data.clone()));
+        }
+        Ok(data)
+    }
+
+    fn corrupt(&self, reason: String) -> Error {
+        Error::corrupt(&self.snapshot, reason)
+    }
+}
+
+/// Decompresses one zstd frame, at most `limit` bytes of it (one more is an error).
+fn decompress(id: &str, frame: &[u8], limit: u64) -> Result<Vec<u8>, Error> {
+    let decoder = zstd::Decoder::with_buffer(frame)
+        .map_err(|e| Error::corrupt(id, format!("payload is not zstd: {e}")))?
+        .single_frame();
+    let mut data = Vec::new();
+    let mut reader = std::io::BufReader::new(decoder.take(limit.saturating_add(1)));
+    loop {
+        let chunk = reader.fill_buf().map_err(|e| Error::corrupt(id, format!("payload does not decompress: {e}")))?;
+        if chunk.is_empty() {
+            break;
+        }
+        let n = chunk.len();
+        data.extend_from_slice(chunk);
+        reader.consume(n);
+        if data.len() as u64 > limit {
+            return Err(Error::corrupt(
+                id,
+                format!("payload decompresses to more than the {limit} bytes its manifest declares"),
+            ));
+        }
+    }
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{self, record, ts, uuid};
+    use crate::format::{PayloadEncoder, SnapshotId, decode_records};
+    use serde_json::json;
+
+    /// A manifest and payload of `n` Servers with statuses of about 1 KiB each.
+    fn snapshot(n: usize) -> (Manifest, Bytes, Vec<Record>) {
+        let records: Vec<Record> = (0..n)
+            .map(|i| {
+                let nics: Vec<_> =
+                    (0..8).map(|j| json!({"name": format!("eth{j}"), "mac": format!("{i:06x}{j:02x}")})).collect();
+                record(
+                    "Server",
+                    &format!("s{i}"),
+                    &[uuid(&format!("u{i}"))],
+                    json!({"state": "Reserved", "nics": nics}),
+                )
+            })
+            .collect();
+        let mut encoder = PayloadEncoder::new(3).unwrap();
+        let mut payload = Vec::new();
+        for r in &records {
+            encoder.push(r).unwrap();
+            payload.extend(encoder.take_output());
+        }
+        let (tail, summary) = encoder.finish().unwrap();
+        payload.extend(tail);
+        let at = ts(fixtures::SNAPSHOT_TIME);
+        let mut manifest = fixtures::manifest(SnapshotId::new(at), at);
+        manifest.payload.size = summary.size;
+        manifest.payload.uncompressed_size = summary.uncompressed_size;
+        manifest.payload.sha256 = summary.sha256;
+        manifest.payload.records = summary.records;
+        manifest.payload.frames = Some(summary.frames);
+        (manifest, Bytes::from(payload), records)
+    }
+
+    #[test]
+    fn statuses_are_read_back_from_their_frames() {
+        let (manifest, payload, records) = snapshot(2000);
+        assert!(manifest.payload.frames.unwrap() > 3, "{:?}", manifest.payload);
+        let decoded = Records::decode(&manifest, payload).unwrap();
+        assert_eq!(decoded.len(), 2000);
+        for i in [0, 1, 999, 1999, 5] {
+            assert_eq!(decoded.heads()[i].name, records[i].name);
+            assert_eq!(decoded.status(i).unwrap().get(), records[i].status.get(), "record {i}");
+        }
+        assert!(decoded.statuses.iter().all(|s| matches!(s, StatusAt::Frame { .. })), "nothing held in memory");
+    }
+
+    #[test]
+    fn a_whole_stream_reader_reads_the_frames_as_one_payload() {
+        let (manifest, payload, records) = snapshot(1500);
+        let mut names = Vec::new();
+        decode_records(&manifest, &payload, |r| {
+            names.push(r.name);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(names, records.iter().map(|r| r.name.clone()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_single_frame_payload_of_an_older_writer_keeps_its_statuses() {
+        let (manifest, _, records) = snapshot(1200);
+        let mut lines = Vec::new();
+        for r in &records {
+            serde_json::to_writer(&mut lines, r).unwrap();
+            lines.push(b'\n');
+        }
+        let payload = zstd::encode_all(&lines[..], 3).unwrap();
+        let mut old = manifest.clone();
+        old.payload.size = payload.len() as u64;
+        old.payload.uncompressed_size = lines.len() as u64;
+        old.payload.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&payload));
+        old.payload.frames = None;
+        let decoded = Records::decode(&old, Bytes::from(payload)).unwrap();
+        assert_eq!(decoded.frames.len(), 1);
+        assert_eq!(decoded.status(700).unwrap().get(), records[700].status.get());
+    }
+
+    #[test]
+    fn damage_is_refused_before_and_while_decoding() {
+        let (manifest, payload, _) = snapshot(300);
+        let mut damaged = payload.to_vec();
+        damaged[payload.len() / 2] ^= 0xff;
+        let err = Records::decode(&manifest, Bytes::from(damaged)).unwrap_err().to_string();
+        assert!(err.contains("sha256"), "{err}");
+        let mut short = manifest.clone();
+        short.payload.uncompressed_size -= 10;
+        let err = Records::decode(&short, payload.clone()).unwrap_err().to_string();
+        assert!(err.contains("more than"), "{err}");
+        let mut fewer = manifest.clone();
+        fewer.payload.records -= 1;
+        let err = Records::decode(&fewer, payload).unwrap_err().to_string();
+        assert!(err.contains("manifest declares 299"), "{err}");
+    }
+}
