@@ -401,7 +401,9 @@ async fn no_spelling_of_a_secret_kind_makes_a_request_for_secrets_says_the_audit
     assert_success(&bed.kubectl(&apiserver.kubeconfig, &["get", "secrets", "-A"]), "kubectl get secrets");
     let events = audit_events(&audit_log);
     let credential = |e: &Value| {
-        e["objectRef"]["resource"].as_str().is_some_and(|r| r.eq_ignore_ascii_case("secrets") || r.eq_ignore_ascii_case("bmcsecrets"))
+        e["objectRef"]["resource"]
+            .as_str()
+            .is_some_and(|r| r.eq_ignore_ascii_case("secrets") || r.eq_ignore_ascii_case("bmcsecrets"))
             || e["requestURI"].as_str().is_some_and(|uri| uri.to_ascii_lowercase().contains("secrets"))
     };
     assert!(

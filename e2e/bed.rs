@@ -328,7 +328,12 @@ impl ExtraApiServer {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("kube-apiserver on {} exited ({status}): {}", self.port, self.log_tail());
             }
-            assert!(std::time::Instant::now() < deadline, "kube-apiserver on {} not ready: {}", self.port, self.log_tail());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "kube-apiserver on {} not ready: {}",
+                self.port,
+                self.log_tail()
+            );
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         }
     }

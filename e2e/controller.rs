@@ -12,8 +12,8 @@ use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use serde_json::json;
 
 use crate::bed::{
-    Bed, CountingProxy, ExtraApiServer, QUIESCE_PATCH, TARGET, assert_success, audit_events, fleet_state, foreign_patches,
-    merge_patch, simulate_move, stderr, stdout, unique,
+    Bed, CountingProxy, ExtraApiServer, QUIESCE_PATCH, TARGET, assert_success, audit_events, fleet_state,
+    foreign_patches, merge_patch, simulate_move, stderr, stdout, unique,
 };
 
 struct Controller {
@@ -610,7 +610,8 @@ async fn a_kind_forbidden_by_the_shipped_rbac_is_reported_and_the_rest_is_restor
         })
         .collect();
     assert_eq!(removed, 2, "the shipped role grants endpoints and endpoints/status: {shipped}");
-    let lease_rules = get(&["-n", "restatus", "get", "role", "restatus-controller-lease", "-o", "json"])["rules"].clone();
+    let lease_rules =
+        get(&["-n", "restatus", "get", "role", "restatus-controller-lease", "-o", "json"])["rules"].clone();
     let subject = json!([{"kind": "ServiceAccount", "name": "restatus-controller", "namespace": ns}]);
     let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "restatus-controller", "namespace": ns}},
@@ -690,16 +691,8 @@ async fn the_snapshot_refresh_downloads_each_payload_once() {
     ensure_namespace(&bed, &lease_ns).await;
     let env = [("S3_ENDPOINT", proxied.as_str()), ("AWS_ENDPOINT_URL_S3", proxied.as_str())];
     let extra = ["--snapshot-refresh", "1s"];
-    let controller = Controller::start_env(
-        &bed,
-        &bed.target_kubeconfig,
-        &storage,
-        &spec.name,
-        &selector,
-        &lease_ns,
-        &extra,
-        &env,
-    );
+    let controller =
+        Controller::start_env(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, &extra, &env);
     controller.wait_ready().await;
 
     let count = |what: &dyn Fn(&str, &str) -> bool| {

@@ -739,7 +739,8 @@ async fn a_source_leader_killed_mid_move_is_replaced_and_the_aborted_move_releas
     let (mut b, b_url, _b_log) = fx.replica(&lease);
     let source = fx.bed.source().await;
     let clusters = cluster_api(&source, &fx.ns);
-    let annotation = |c: &DynamicObject, key: &str| c.metadata.annotations.clone().unwrap_or_default().get(key).cloned();
+    let annotation =
+        |c: &DynamicObject, key: &str| c.metadata.annotations.clone().unwrap_or_default().get(key).cloned();
     wait_for("block-move on the Cluster", Duration::from_secs(60), async || {
         annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).as_deref() == Some("restatus")
     })
@@ -748,7 +749,10 @@ async fn a_source_leader_killed_mid_move_is_replaced_and_the_aborted_move_releas
     assert_ne!(a_leads, leads(&b_url), "exactly one replica leads");
     let (leader, standby_url) = if a_leads { (&mut a, &b_url) } else { (&mut b, &a_url) };
 
-    clusters.patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": true}}))).await.unwrap();
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": true}})))
+        .await
+        .unwrap();
     wait_for("block-move removed after the final snapshot", Duration::from_secs(60), async || {
         annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).is_none()
     })
@@ -766,7 +770,10 @@ async fn a_source_leader_killed_mid_move_is_replaced_and_the_aborted_move_releas
     );
 
     // The move is aborted.
-    clusters.patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}}))).await.unwrap();
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}})))
+        .await
+        .unwrap();
     wait_for("the standby leads", Duration::from_secs(15 + 15), async || leads(standby_url)).await;
     let took_over = killed.elapsed();
     wait_for("restatus's ignore released and block-move back", Duration::from_secs(60), async || {
