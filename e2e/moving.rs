@@ -805,3 +805,103 @@ async fn a_source_leader_killed_mid_move_is_replaced_and_the_aborted_move_releas
     let _ = Command::new("kill").arg("-TERM").arg(survivor.0.id().to_string()).status();
     assert!(survivor.0.wait().unwrap().success());
 }
+
+/// F37 in the middle of the quiesce: the leader's quiesce fails half-way (an admission policy on
+/// the source refuses restatus's `ignore` on one Server of the fleet: the BMCs and some Servers
+/// are quiesced, block-move stays, so the move cannot go with an object unquiesced), the leader
+/// is SIGKILLed, the move aborted. The final snapshot's id is on the Cluster before anything was
+/// quiesced, so the standby that takes over knows a quiesce was under way and releases every
+/// object quiesced by the killed leader, and block-move stays as it was.
+#[tokio::test]
+async fn a_source_leader_killed_in_the_middle_of_its_quiesce_releases_everything_after_an_abort() {
+    let fx = Fixture::new(4, 2, 0).await;
+    let stuck = fx.fleet.server_name(2);
+    let name = format!("{}-stuck", fx.fleet.name);
+    let policy = format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {name}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [metal.ironcore.dev]
+      apiVersions: ["*"]
+      operations: [UPDATE]
+      resources: [servers]
+  matchConditions:
+  - name: the-stuck-server
+    expression: "object.metadata.name == '{stuck}'"
+  validations:
+  - expression: "!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)"
+    message: injected fault
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {name}}}
+spec: {{policyName: {name}, validationActions: [Deny]}}
+"#
+    );
+    let file = fx.bed.scratch.path().join(format!("{name}.yaml"));
+    std::fs::write(&file, policy).unwrap();
+    let kubectl = |verb: &str| fx.bed.kubectl(&fx.bed.source_kubeconfig, &[verb, "-f", file.to_str().unwrap()]);
+    assert_success(&kubectl("apply"), "apply the policy");
+    tokio::time::sleep(Duration::from_secs(3)).await; // the policy reaches the API server's cache
+
+    let lease = unique("src-lease");
+    let (mut a, a_url, _a_log) = fx.replica(&lease);
+    let (mut b, b_url, _b_log) = fx.replica(&lease);
+    let source = fx.bed.source().await;
+    let clusters = cluster_api(&source, &fx.ns);
+    let annotation =
+        |c: &DynamicObject, key: &str| c.metadata.annotations.clone().unwrap_or_default().get(key).cloned();
+    wait_for("block-move on the Cluster", Duration::from_secs(60), async || {
+        annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).as_deref() == Some("restatus")
+    })
+    .await;
+    let a_leads = leads(&a_url);
+    assert_ne!(a_leads, leads(&b_url), "exactly one replica leads");
+    let (leader, standby_url) = if a_leads { (&mut a, &b_url) } else { (&mut b, &a_url) };
+
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": true}})))
+        .await
+        .unwrap();
+    let final_snapshot = restatus::domain::annotations::FINAL_SNAPSHOT_ANNOTATION;
+    wait_for("the final snapshot recorded and the quiesce stuck half-way", Duration::from_secs(60), async || {
+        let state = fleet_state(&source, &fx.fleet.name).await;
+        let quiesced = state.values().filter(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION)).count();
+        annotation(&clusters.get("workload").await.unwrap(), final_snapshot).is_some() && quiesced >= 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // it keeps failing on the stuck Server
+    let cluster = clusters.get("workload").await.unwrap();
+    assert_eq!(annotation(&cluster, BLOCK_MOVE).as_deref(), Some("restatus"), "the move may not go half-quiesced");
+    let state = fleet_state(&source, &fx.fleet.name).await;
+    assert!(state.values().any(|(_, a)| !a.contains_key(QUIESCED_BY_ANNOTATION)), "the quiesce is incomplete");
+    leader.0.kill().unwrap();
+    leader.0.wait().unwrap();
+    let killed = Instant::now();
+
+    // The move is aborted.
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}})))
+        .await
+        .unwrap();
+    wait_for("the standby leads", Duration::from_secs(15 + 15), async || leads(standby_url)).await;
+    wait_for("restatus's ignore released and block-move back", Duration::from_secs(60), async || {
+        let released = fleet_state(&source, &fx.fleet.name)
+            .await
+            .values()
+            .all(|(_, a)| !a.contains_key(QUIESCED_BY_ANNOTATION) && !a.contains_key(OPERATION_ANNOTATION));
+        let cluster = clusters.get("workload").await.unwrap();
+        released && annotation(&cluster, BLOCK_MOVE).as_deref() == Some("restatus")
+    })
+    .await;
+    eprintln!("the standby released the half-quiesced fleet {:?} after the kill", killed.elapsed());
+    assert_eq!(annotation(&clusters.get("workload").await.unwrap(), final_snapshot), None, "phase reset");
+    assert_success(&kubectl("delete"), "delete the policy");
+    let survivor = if a_leads { &mut b } else { &mut a };
+    let _ = Command::new("kill").arg("-TERM").arg(survivor.0.id().to_string()).status();
+    assert!(survivor.0.wait().unwrap().success());
+}
