@@ -10,7 +10,7 @@ use restatus::domain::identity::Profile;
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use serde_json::Value;
 
-use crate::bed::{Bed, assert_success, records, stderr, stdout, unique};
+use crate::bed::{Bed, ExtraApiServer, assert_success, audit_events, records, stderr, stdout, unique};
 
 /// Live status of every object of a fleet, by `Kind namespace/name`.
 async fn live_statuses(client: &kube::Client, fleet: &str) -> BTreeMap<String, Value> {
@@ -327,4 +327,96 @@ async fn two_backups_on_one_prefix_at_once_leave_two_complete_snapshots() {
         assert_eq!(manifest.payload.records as usize, records.len());
         assert_eq!(records.len(), spec.total());
     }
+}
+
+/// Item 12 of issue 9, checked where it matters, at the API server: whatever the spelling of a
+/// credential kind in a profile (`kind: secret`, `kind: Secrets`, `plural: secrets`, group `""` or
+/// `core`, `bmcsecret`, an upper-case group), neither `restatus backup` nor `restatus restore`
+/// sends a single request for Secrets or BMCSecrets. restatus talks to a kube-apiserver of the
+/// test's own on the source's etcd, with an audit policy that logs every request for `secrets` and
+/// `bmcsecrets` and every request of restatus's user (a static token of its own), at Metadata
+/// level. A `kubectl get secrets` through the same apiserver must show up in that log (so the
+/// test can fail), and restatus's own requests must (it was audited), none for credentials.
+#[tokio::test]
+async fn no_spelling_of_a_secret_kind_makes_a_request_for_secrets_says_the_audit_log() {
+    let bed = Bed::get();
+    let state = std::env::var("RESTATUS_STATE").expect("RESTATUS_STATE (from the test bed's env file)");
+    let token = format!("{:032x}", rand::random::<u128>());
+    let tokens = bed.scratch.path().join("audit-tokens.csv");
+    let mut users = std::fs::read_to_string(format!("{state}/source/tokens.csv")).expect("the source's token file");
+    users.push_str(&format!("{token},restatus-audited,restatus-audited,system:masters\n"));
+    std::fs::write(&tokens, users).unwrap();
+    let policy = bed.scratch.path().join("secrets-audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+         - level: Metadata\n  resources: [{group: \"\", resources: [secrets]}, {group: metal.ironcore.dev, resources: [bmcsecrets]}]\n\
+         - level: Metadata\n  users: [restatus-audited]\n\
+         - level: None\n",
+    )
+    .unwrap();
+    let audit_log = bed.scratch.path().join("secrets-audit.jsonl");
+    let flags = [
+        format!("--token-auth-file={}", tokens.display()),
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", audit_log.display()),
+        "--audit-log-format=json".to_string(),
+    ];
+    let apiserver = ExtraApiServer::start(&bed, "source", &flags).await;
+    let kubeconfig = bed.kubeconfig_with_token(&apiserver.kubeconfig, "restatus-audited", &token);
+
+    let spec = FleetSpec::new(&unique("audit"), 2, 2, 0);
+    fleet::create(&bed.source().await, &spec, 4).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let server = "{group: metal.ironcore.dev, version: v1alpha1, kind: Server, plural: servers, keys: [{path: spec.systemUUID}]}";
+    let spellings = [
+        "{version: v1, kind: secret, namespaced: true}",
+        "{version: v1, kind: Secrets, plural: secrets, namespaced: true}",
+        "{group: '', version: v1, kind: Opaque, plural: secrets, namespaced: true}",
+        "{group: core, version: v1, kind: Secret, namespaced: true}",
+        "{version: v1, kind: SECRET, plural: secrets}",
+        "{group: metal.ironcore.dev, version: v1alpha1, kind: bmcsecret}",
+        "{group: METAL.ironcore.dev, version: v1alpha1, kind: Thing, plural: bmcsecrets}",
+    ];
+    let mut backed_up = 0;
+    for (i, spelling) in spellings.iter().enumerate() {
+        let file = bed.scratch.path().join(format!("spelling-{i}.yaml"));
+        std::fs::write(&file, format!("name: spelling-{i}\nkinds:\n- {spelling}\n- {server}\n")).unwrap();
+        let profile = file.to_str().unwrap();
+        let storage = bed.storage(&format!("audit-{i}"));
+        let backup = ["backup", "--profile", profile, "--selector", &selector];
+        let out = bed.restatus_with(&kubeconfig, &storage, &spec.name, &backup, &[]);
+        if !out.status.success() {
+            // A spelling the profile's validation refuses is fine too: nothing was requested.
+            assert!(stderr(&out).contains("is not a"), "{spelling}: backup failed: {}", stderr(&out));
+            continue;
+        }
+        backed_up += 1;
+        let restore = ["restore", "--profile", profile, "--selector", &selector];
+        assert_success(&bed.restatus_with(&kubeconfig, &storage, &spec.name, &restore, &[]), "restore");
+    }
+    assert!(backed_up >= 6, "only {backed_up} spellings got as far as a backup");
+
+    // The control: a request for Secrets through this apiserver is in its audit log.
+    assert_success(&bed.kubectl(&apiserver.kubeconfig, &["get", "secrets", "-A"]), "kubectl get secrets");
+    let events = audit_events(&audit_log);
+    let credential = |e: &Value| {
+        e["objectRef"]["resource"]
+            .as_str()
+            .is_some_and(|r| r.eq_ignore_ascii_case("secrets") || r.eq_ignore_ascii_case("bmcsecrets"))
+            || e["requestURI"].as_str().is_some_and(|uri| uri.to_ascii_lowercase().contains("secrets"))
+    };
+    assert!(
+        events.iter().any(|e| credential(e) && e["userAgent"].as_str().is_some_and(|ua| ua.starts_with("kubectl"))),
+        "the control request for Secrets is not in the audit log: the test cannot see such requests"
+    );
+    let by_restatus: Vec<&Value> = events.iter().filter(|e| e["user"]["username"] == "restatus-audited").collect();
+    assert!(
+        by_restatus.iter().any(|e| e["objectRef"]["resource"] == "servers" && e["verb"] == "list"),
+        "restatus's requests are not in the audit log: {by_restatus:?}"
+    );
+    let to_credentials: Vec<&&Value> = by_restatus.iter().filter(|e| credential(e)).collect();
+    assert!(to_credentials.is_empty(), "restatus requested credentials: {to_credentials:?}");
+    let agents: std::collections::BTreeSet<&str> = by_restatus.iter().filter_map(|e| e["userAgent"].as_str()).collect();
+    eprintln!("{} requests of restatus audited ({agents:?}), none for secrets", by_restatus.len());
 }

@@ -254,3 +254,221 @@ pub async fn fleet_state(
     }
     out
 }
+
+/// A kube-apiserver of a test's own on one cluster's etcd, with the flags of the cluster's own
+/// (`scripts/testbed apiserver-args`) and the test's `extra` ones (an audit policy, another token
+/// file): the test may kill, restart and audit it while the other tests keep using the
+/// cluster's main apiserver. Killed when dropped.
+pub struct ExtraApiServer {
+    pub port: u16,
+    /// The cluster's admin kubeconfig, pointed at this apiserver.
+    pub kubeconfig: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl ExtraApiServer {
+    /// Starts one on `cluster` ("source" or "target") on a free port and waits until it is ready.
+    pub async fn start(bed: &Bed, cluster: &str, extra: &[String]) -> ExtraApiServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let certs = bed.scratch.path().join(format!("apiserver-{port}-certs"));
+        let script = format!("{}/scripts/testbed", env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new(script)
+            .args(["apiserver-args", cluster, &port.to_string(), certs.to_str().unwrap()])
+            .output()
+            .expect("run scripts/testbed apiserver-args");
+        assert_success(&out, "scripts/testbed apiserver-args");
+        let mut args: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+        for flag in extra {
+            let name = flag.split_once('=').map_or(flag.as_str(), |(name, _)| name);
+            args.retain(|a| a.split_once('=').map_or(a.as_str(), |(n, _)| n) != name);
+            args.push(flag.clone());
+        }
+        let base = if cluster == "source" { &bed.source_kubeconfig } else { &bed.target_kubeconfig };
+        let mut config = Kubeconfig::read_from(base).expect("read kubeconfig");
+        for c in &mut config.clusters {
+            if let Some(c) = c.cluster.as_mut() {
+                c.server = Some(format!("https://127.0.0.1:{port}"));
+            }
+        }
+        let kubeconfig = bed.scratch.path().join(format!("apiserver-{port}.kubeconfig"));
+        std::fs::write(&kubeconfig, serde_json::to_vec(&config).unwrap()).unwrap();
+        let log = bed.scratch.path().join(format!("apiserver-{port}.log"));
+        let mut server = ExtraApiServer { port, kubeconfig, args, log, child: None };
+        server.spawn(bed).await;
+        server
+    }
+
+    async fn spawn(&mut self, bed: &Bed) {
+        // A just-killed apiserver may hold its port a moment longer.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpListener::bind(("127.0.0.1", self.port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "port {} stays taken", self.port);
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let binary = std::env::var("RESTATUS_BIN")
+            .map(|bin| Path::new(&bin).join("kube-apiserver"))
+            .unwrap_or_else(|_| PathBuf::from("kube-apiserver"));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(binary)
+            .args(&self.args)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start kube-apiserver");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let out = bed.kubectl(&self.kubeconfig, &["get", "--raw", "/readyz", "--request-timeout", "5s"]);
+            if out.status.success() && stdout(&out).trim() == "ok" {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("kube-apiserver on {} exited ({status}): {}", self.port, self.log_tail());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "kube-apiserver on {} not ready: {}",
+                self.port,
+                self.log_tail()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    }
+
+    /// SIGKILL, as a crashed or OOM-killed apiserver: no graceful close of its watches.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again with the same flags, on the same port, and waits until it is ready.
+    pub async fn restart(&mut self, bed: &Bed) {
+        self.kill();
+        self.spawn(bed).await;
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for ExtraApiServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The events of a kube-apiserver's JSON audit log (`--audit-log-path`), one per line.
+pub fn audit_events(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+/// A plain-HTTP proxy on loopback in front of `upstream` (`host:port`) that records each
+/// request's method and target, for tests that count requests to S3. HTTP/1.1 only, as the
+/// object store speaks it over plain http: requests are told apart by their Content-Length.
+pub struct CountingProxy {
+    pub port: u16,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingProxy {
+    pub async fn start(upstream: &str) -> CountingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (upstream, log) = (upstream.to_string(), requests.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(relay(client, upstream.clone(), log.clone()));
+            }
+        });
+        CountingProxy { port, requests, task }
+    }
+
+    /// Method and target (path and query) of every request so far.
+    pub fn requests(&self) -> Vec<(String, String)> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn relay(
+    client: tokio::net::TcpStream,
+    upstream: String,
+    log: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = tokio::net::TcpStream::connect(&upstream).await?;
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    let back = tokio::spawn(async move { tokio::io::copy(&mut from_server, &mut to_client).await });
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let result = async {
+        loop {
+            let head_end = loop {
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+                let n = from_client.read(&mut chunk).await?;
+                if n == 0 {
+                    return Ok(());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            };
+            let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+            let mut words = head.split_whitespace();
+            let (method, target) = (words.next().unwrap_or("").to_string(), words.next().unwrap_or("").to_string());
+            log.lock().unwrap().push((method, target));
+            let header = |name: &str| {
+                head.lines().find_map(|l| {
+                    let (n, v) = l.split_once(':')?;
+                    n.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_ascii_lowercase())
+                })
+            };
+            to_server.write_all(&buf[..head_end]).await?;
+            buf.drain(..head_end);
+            if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+                // Not told apart any further: relay the rest of the connection as it comes.
+                to_server.write_all(&buf).await?;
+                tokio::io::copy(&mut from_client, &mut to_server).await?;
+                return Ok(());
+            }
+            let mut remaining: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+            loop {
+                let take = remaining.min(buf.len());
+                to_server.write_all(&buf[..take]).await?;
+                buf.drain(..take);
+                remaining -= take;
+                if remaining == 0 {
+                    break;
+                }
+                let n = from_client.read(&mut chunk).await?;
+                if n == 0 {
+                    return Ok(());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+    .await;
+    back.abort();
+    result
+}

@@ -12,8 +12,8 @@ use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use serde_json::json;
 
 use crate::bed::{
-    Bed, QUIESCE_PATCH, TARGET, assert_success, fleet_state, foreign_patches, merge_patch, simulate_move, stderr,
-    stdout, unique,
+    Bed, CountingProxy, ExtraApiServer, QUIESCE_PATCH, TARGET, assert_success, audit_events, fleet_state,
+    foreign_patches, merge_patch, simulate_move, stderr, stdout, unique,
 };
 
 struct Controller {
@@ -44,10 +44,26 @@ impl Controller {
         lease_ns: &str,
         extra: &[&str],
     ) -> Controller {
+        Self::start_env(bed, kubeconfig, storage, cluster, selector, lease_ns, extra, &[])
+    }
+
+    /// Starts a controller with `extra` arguments and `env` added to its environment.
+    #[allow(clippy::too_many_arguments)]
+    fn start_env(
+        bed: &Bed,
+        kubeconfig: &std::path::Path,
+        storage: &str,
+        cluster: &str,
+        selector: &str,
+        lease_ns: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Controller {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = bed.scratch.path().join(format!("controller-{port}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
-            .args(["controller", "--selector", selector, "--snapshot-refresh", "2s", "--lease-namespace", lease_ns])
+            .args(["controller", "--selector", selector, "--lease-namespace", lease_ns])
+            .args(if extra.contains(&"--snapshot-refresh") { &[][..] } else { &["--snapshot-refresh", "2s"][..] })
             .args(["--http-addr", &format!("127.0.0.1:{port}")])
             .args(if extra.contains(&"--lease-name") {
                 vec![]
@@ -59,6 +75,7 @@ impl Controller {
             .arg(kubeconfig)
             .env("RESTATUS_STORAGE", storage)
             .env("RESTATUS_CLUSTER_ID", cluster)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -461,4 +478,253 @@ async fn a_leader_killed_mid_restore_is_replaced_and_nothing_is_written_twice() 
     let twice: Vec<_> = restored.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "restored by both replicas: {twice:?}");
     assert!(standby.get("/metrics").await.is_some_and(|(_, m)| leader_of(&m)), "the standby leads now");
+}
+
+/// F31 end to end: a re-list after a hard API server restart is the whole truth.
+///
+/// The controller talks to a kube-apiserver of the test's own on the target's etcd (the flags of
+/// the target's, `scripts/testbed apiserver-args`), so killing it disturbs no other test. Once the
+/// fleet is restored, that apiserver is SIGKILLed: the controller's watches break and it sees
+/// nothing of what follows. Through the target's main apiserver (same etcd), Server X is deleted
+/// and Y is created under another name with X's identity key (its `spec.systemUUID`), as a
+/// machine re-registered under a new name would be. Then the killed apiserver is started again:
+/// its watch cache is new, so the controller's watches cannot resume where they were (410 Gone)
+/// and re-list, which the apiserver's audit log shows. Y must be restored from X's record; had X
+/// stayed in the controller's index, Y would share a key with it and be `ambiguous`.
+#[tokio::test]
+async fn a_relist_after_a_hard_api_server_restart_forgets_what_vanished_meanwhile() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let audit_log = bed.scratch.path().join("relist-audit.jsonl");
+    let policy = bed.scratch.path().join("relist-audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+         - level: Metadata\n  verbs: [list, watch]\n  resources: [{group: metal.ironcore.dev, resources: [servers]}]\n\
+         - level: None\n",
+    )
+    .unwrap();
+    let audit = [
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", audit_log.display()),
+        "--audit-log-format=json".to_string(),
+        "--audit-log-mode=blocking".to_string(),
+    ];
+    let mut apiserver = ExtraApiServer::start(&bed, "target", &audit).await;
+
+    let spec = FleetSpec::new(&unique("relist"), 4, 4, 2);
+    fleet::create(&bed.source().await, &spec, 8).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+    let lease_ns = unique("lease-ns");
+    ensure_namespace(&bed, &lease_ns).await;
+    let controller = Controller::start(&bed, &apiserver.kubeconfig, &storage, &spec.name, &selector, &lease_ns);
+    controller.wait_ready().await;
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+
+    let target = bed.target().await;
+    let servers = restatus::k8s::api_for(&target, Profile::metal_operator().kind("Server").unwrap(), None);
+    let x = spec.server_name(0);
+    let x_object = servers.get(&x).await.unwrap();
+    let x_status = x_object.data["status"].clone();
+    assert!(!x_status.is_null(), "X was restored before the fault");
+
+    apiserver.kill();
+    servers.delete(&x, &Default::default()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while servers.get_opt(&x).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "X not deleted within 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let y = format!("{x}-again");
+    let y_object = json!({
+        "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+        "metadata": {"name": y, "labels": x_object.metadata.labels},
+        "spec": x_object.data["spec"],
+    });
+    servers.create(&PostParams::default(), &serde_json::from_value(y_object).unwrap()).await.unwrap();
+    let _ = std::fs::remove_file(&audit_log); // what the restarted apiserver logs, only
+    apiserver.restart(&bed).await;
+
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let status = servers.get(&y).await.unwrap().data["status"].clone();
+        if status == x_status {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Y not restored with X's status within 90 s of the restart: {status}; metrics:\n{}\nlog:\n{}",
+            controller.get("/metrics").await.unwrap_or_default().1,
+            std::fs::read_to_string(&controller.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    assert_eq!(metric(&metrics, "restatus_decisions_total{verdict=\"ambiguous\"}"), 0.0, "{metrics}");
+    let y_annotations = servers.get(&y).await.unwrap().metadata.annotations.unwrap_or_default();
+    assert!(!y_annotations.contains_key(QUIESCED_BY_ANNOTATION), "Y released: {y_annotations:?}");
+    // The controller re-listed (rather than resumed its watches) on the restarted apiserver.
+    let relisted = audit_events(&audit_log).iter().any(|e| {
+        e["verb"] == "list"
+            && e["objectRef"]["resource"] == "servers"
+            && e["requestURI"].as_str().is_some_and(|uri| !uri.contains("watch=true"))
+    });
+    assert!(relisted, "no LIST of servers on the restarted apiserver: {:?}", audit_events(&audit_log));
+    assert!(controller.stop().success());
+}
+
+/// F30 with the shipped RBAC: the controller's ServiceAccount is bound to the shipped controller
+/// ClusterRole minus its rules for one kind (Endpoint: `endpoints`, `endpoints/status`), in a
+/// namespace of the test's own (the ServiceAccount keeps the shipped name, so the shipped
+/// admission policy binds it too). Its watch of Endpoints is forbidden: the kind is reported
+/// (`/readyz` line, `restatus_kind_unavailable{kind="Endpoint"}`, a warning) and a moved fleet
+/// of the other kinds is restored within 30 s.
+#[tokio::test]
+async fn a_kind_forbidden_by_the_shipped_rbac_is_reported_and_the_rest_is_restored() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    bed.deploy(&bed.target_kubeconfig, &["controller"], "restatus-controller");
+    let ns = unique("forbid");
+    ensure_namespace(&bed, &ns).await;
+    let get = |args: &[&str]| {
+        let out = bed.kubectl(&bed.target_kubeconfig, args);
+        assert_success(&out, &format!("{args:?}"));
+        serde_json::from_str::<serde_json::Value>(&stdout(&out)).unwrap()
+    };
+    let shipped = get(&["get", "clusterrole", "restatus-controller", "-o", "json"]);
+    let mut removed = 0;
+    let rules: Vec<serde_json::Value> = shipped["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|rule| {
+            let mut rule = rule.clone();
+            let resources = rule["resources"].as_array_mut()?;
+            let before = resources.len();
+            resources.retain(|r| r != "endpoints" && r != "endpoints/status");
+            removed += before - resources.len();
+            (!resources.is_empty()).then_some(rule)
+        })
+        .collect();
+    assert_eq!(removed, 2, "the shipped role grants endpoints and endpoints/status: {shipped}");
+    let lease_rules =
+        get(&["-n", "restatus", "get", "role", "restatus-controller-lease", "-o", "json"])["rules"].clone();
+    let subject = json!([{"kind": "ServiceAccount", "name": "restatus-controller", "namespace": ns}]);
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "restatus-controller", "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": ns}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ns}, "subjects": subject},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "lease", "namespace": ns},
+         "rules": lease_rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "lease", "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lease"}, "subjects": subject},
+    ]});
+    let file = bed.scratch.path().join(format!("{ns}-rbac.json"));
+    std::fs::write(&file, objects.to_string()).unwrap();
+    assert_success(&bed.kubectl(&bed.target_kubeconfig, &["apply", "-f", file.to_str().unwrap()]), "apply RBAC");
+    let token = bed.kubectl(&bed.target_kubeconfig, &["-n", &ns, "create", "token", "restatus-controller"]);
+    assert_success(&token, "create token");
+    let kubeconfig = bed.kubeconfig_with_token(&bed.target_kubeconfig, &ns, stdout(&token).trim());
+    bed.assert_denied(&kubeconfig, &[vec!["get", "endpoints.metal.ironcore.dev"]]);
+
+    let spec = FleetSpec::new(&unique("forbid"), 6, 6, 3);
+    fleet::create(&bed.source().await, &spec, 16).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+    let controller = Controller::start(&bed, &kubeconfig, &storage, &spec.name, &selector, &ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, body) = controller.get("/readyz").await.unwrap_or_default();
+        if code == 200 && body.contains("kind Endpoint skipped: forbidden by RBAC") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never reported the forbidden kind: {code} {body}\nlog:\n{}",
+            std::fs::read_to_string(&controller.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    let took = wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+    eprintln!("restored {} objects {took:?} after the move, Endpoints forbidden", spec.total());
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    assert_eq!(metric(&metrics, "restatus_kind_unavailable{kind=\"Endpoint\"}"), 1.0, "{metrics}");
+    assert_eq!(metric(&metrics, "restatus_kind_unavailable{kind=\"Server\"}"), 0.0, "{metrics}");
+    let log = std::fs::read_to_string(&controller.log).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("WARN") && l.contains("Endpoint") && l.contains("forbidden by RBAC")),
+        "no warning about the forbidden kind:\n{log}"
+    );
+    assert!(controller.stop().success());
+    let _ = bed.kubectl(&bed.target_kubeconfig, &["delete", "clusterrolebinding,clusterrole", &ns, "--wait=false"]);
+    let _ = bed.kubectl(&bed.target_kubeconfig, &["delete", "namespace", &ns, "--wait=false"]);
+}
+
+/// Item 10 of issue 9: the controller's periodic refresh lists the snapshots and downloads a
+/// payload only when a newer snapshot arrived. The controller reaches S3 through a counting
+/// proxy (plain http on loopback, in the test); with `--snapshot-refresh 1s` it refreshes many
+/// times: exactly one GET of the payload; a new backup: exactly one more.
+#[tokio::test]
+async fn the_snapshot_refresh_downloads_each_payload_once() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let endpoint = std::env::var("S3_ENDPOINT").expect("S3_ENDPOINT");
+    let upstream = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
+    assert!(!upstream.contains("://"), "the counting proxy speaks plain http only: {endpoint}");
+    let proxy = CountingProxy::start(&upstream).await;
+    let proxied = format!("http://127.0.0.1:{}", proxy.port);
+
+    let spec = FleetSpec::new(&unique("gets"), 2, 2, 1);
+    fleet::create(&bed.source().await, &spec, 4).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    let prefix = storage.rsplit('/').next().unwrap().to_string();
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+    let lease_ns = unique("lease-ns");
+    ensure_namespace(&bed, &lease_ns).await;
+    let env = [("S3_ENDPOINT", proxied.as_str()), ("AWS_ENDPOINT_URL_S3", proxied.as_str())];
+    let extra = ["--snapshot-refresh", "1s"];
+    let controller =
+        Controller::start_env(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, &extra, &env);
+    controller.wait_ready().await;
+
+    let count = |what: &dyn Fn(&str, &str) -> bool| {
+        proxy.requests().iter().filter(|(method, target)| target.contains(&prefix) && what(method, target)).count()
+    };
+    let payload_gets = || count(&|m, t| m == "GET" && t.contains("payload"));
+    let lists = || count(&|m, t| m == "GET" && t.contains("list-type=2"));
+    // Refreshes: each lists the prefix. Wait for six more after the first load.
+    async fn refreshes(lists: &dyn Fn() -> usize, more: usize) {
+        let (start, deadline) = (lists(), Instant::now() + Duration::from_secs(60));
+        while lists() < start + more {
+            assert!(Instant::now() < deadline, "fewer than {more} refreshes within 60 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    refreshes(&lists, 6).await;
+    assert_eq!(payload_gets(), 1, "one download while nothing new arrived: {:?}", proxy.requests());
+
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    let first = metric(&metrics, "restatus_snapshot_timestamp_seconds");
+    tokio::time::sleep(Duration::from_millis(1100)).await; // snapshot ids have second precision
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "second backup");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, metrics) = controller.get("/metrics").await.unwrap_or_default();
+        if metric(&metrics, "restatus_snapshot_timestamp_seconds") > first {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new snapshot was not taken up within 60 s: {metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    refreshes(&lists, 6).await;
+    assert_eq!(payload_gets(), 2, "one more download for the new snapshot: {:?}", proxy.requests());
+    assert!(controller.stop().success());
 }

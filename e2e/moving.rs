@@ -186,6 +186,23 @@ impl Fixture {
             .unwrap()
     }
 
+    /// A source-role replica of a pair sharing `lease`: its process, its metrics URL and its log.
+    fn replica(&self, lease: &str) -> (Reaped, String, std::path::PathBuf) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = self.bed.scratch.path().join(format!("source-{port}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
+            .args(["controller", "--role", "source", "--selector", &self.selector(), "--cluster-namespace", &self.ns])
+            .args(["--interval", "1s", "--lease-namespace", "default", "--lease-name", lease])
+            .args(["--http-addr", &format!("127.0.0.1:{port}"), "--kubeconfig"])
+            .arg(&self.bed.source_kubeconfig)
+            .env("RESTATUS_STORAGE", &self.storage)
+            .env("RESTATUS_CLUSTER_ID", &self.fleet.name)
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        (Reaped(child), format!("http://127.0.0.1:{port}/metrics"), log)
+    }
+
     /// `restatus restore` of the fleet on the target; the JSON report.
     fn restore(&self) -> Value {
         let args = ["restore", "--selector", &self.selector(), "-o", "json"];
@@ -697,4 +714,196 @@ async fn the_source_role_rbac_is_sufficient_and_nothing_more() {
         merge_patch(None, &server, QUIESCE_PATCH),
     ];
     bed.assert_allowed(&kubeconfig, &allowed);
+}
+
+/// Whether the replica serving `url` leads (its `restatus_leader` is 1).
+fn leads(url: &str) -> bool {
+    let out = Command::new("curl").args(["-s", "-m", "5", url]).output().unwrap();
+    stdout(&out).lines().any(|l| l.starts_with("restatus_leader ") && l.ends_with(" 1"))
+}
+
+/// F37 end to end: two source-role replicas on one Lease. The leader blocks the move; the
+/// Cluster is paused (what `clusterctl move` does first); the leader takes the final snapshot,
+/// quiesces the fleet and lets the Cluster go, and is SIGKILLed right then, in the middle of
+/// the move. The move is then aborted: the Cluster is unpaused and stays. (With the real
+/// clusterctl, a move that may go completes within a second or two and cannot be aborted any
+/// more; its pause is the same `spec.paused` patch, and an abort is its undoing.) The standby
+/// takes over within the lease duration (15 s), recalls the final snapshot from the Cluster's
+/// annotation instead of taking a second one, and releases the fleet (no restatus `ignore`
+/// left) and puts block-move back as it was.
+#[tokio::test]
+async fn a_source_leader_killed_mid_move_is_replaced_and_the_aborted_move_released() {
+    let fx = Fixture::new(4, 2, 0).await;
+    let lease = unique("src-lease");
+    let (mut a, a_url, a_log) = fx.replica(&lease);
+    let (mut b, b_url, _b_log) = fx.replica(&lease);
+    let source = fx.bed.source().await;
+    let clusters = cluster_api(&source, &fx.ns);
+    let annotation =
+        |c: &DynamicObject, key: &str| c.metadata.annotations.clone().unwrap_or_default().get(key).cloned();
+    wait_for("block-move on the Cluster", Duration::from_secs(60), async || {
+        annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).as_deref() == Some("restatus")
+    })
+    .await;
+    let a_leads = leads(&a_url);
+    assert_ne!(a_leads, leads(&b_url), "exactly one replica leads");
+    let (leader, standby_url) = if a_leads { (&mut a, &b_url) } else { (&mut b, &a_url) };
+
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": true}})))
+        .await
+        .unwrap();
+    wait_for("block-move removed after the final snapshot", Duration::from_secs(60), async || {
+        annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).is_none()
+    })
+    .await;
+    leader.0.kill().unwrap();
+    let killed = Instant::now();
+    leader.0.wait().unwrap();
+    let cluster = clusters.get("workload").await.unwrap();
+    let final_snapshot = annotation(&cluster, restatus::domain::annotations::FINAL_SNAPSHOT_ANNOTATION)
+        .expect("the leader wrote the final snapshot's id on the Cluster it let go");
+    let quiesced = fleet_state(&source, &fx.fleet.name).await;
+    assert!(
+        quiesced.values().all(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION)),
+        "the killed leader had quiesced the fleet: {quiesced:?}"
+    );
+
+    // The move is aborted.
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}})))
+        .await
+        .unwrap();
+    wait_for("the standby leads", Duration::from_secs(15 + 15), async || leads(standby_url)).await;
+    let took_over = killed.elapsed();
+    wait_for("restatus's ignore released and block-move back", Duration::from_secs(60), async || {
+        let released = fleet_state(&source, &fx.fleet.name)
+            .await
+            .values()
+            .all(|(_, a)| !a.contains_key(QUIESCED_BY_ANNOTATION) && !a.contains_key(OPERATION_ANNOTATION));
+        let cluster = clusters.get("workload").await.unwrap();
+        released && annotation(&cluster, BLOCK_MOVE).as_deref() == Some("restatus")
+    })
+    .await;
+    eprintln!("standby led {took_over:?} after the kill; fleet released {:?} after it", killed.elapsed());
+    let cluster = clusters.get("workload").await.unwrap();
+    assert_eq!(annotation(&cluster, restatus::domain::annotations::FINAL_SNAPSHOT_ANNOTATION), None, "phase reset");
+    let complete: Vec<String> = fx
+        .bed
+        .store(&fx.storage, &fx.fleet.name)
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.complete)
+        .map(|e| e.id.to_string())
+        .collect();
+    assert_eq!(complete, vec![final_snapshot], "the new leader took no second final snapshot");
+    let killed_log = std::fs::read_to_string(&a_log).unwrap_or_default();
+    assert!(!a_leads || killed_log.contains("block-move removed"), "the killed replica let the move go: {killed_log}");
+    let survivor = if a_leads { &mut b } else { &mut a };
+    let _ = Command::new("kill").arg("-TERM").arg(survivor.0.id().to_string()).status();
+    assert!(survivor.0.wait().unwrap().success());
+}
+
+/// F37 in the middle of the quiesce: the leader's quiesce fails half-way (an admission policy on
+/// the source refuses restatus's `ignore` on one Server of the fleet: the BMCs and some Servers
+/// are quiesced, block-move stays, so the move cannot go with an object unquiesced), the leader
+/// is SIGKILLed, the move aborted. The final snapshot's id is on the Cluster before anything was
+/// quiesced, so the standby that takes over knows a quiesce was under way and releases every
+/// object quiesced by the killed leader, and block-move stays as it was.
+#[tokio::test]
+async fn a_source_leader_killed_in_the_middle_of_its_quiesce_releases_everything_after_an_abort() {
+    let fx = Fixture::new(4, 2, 0).await;
+    let stuck = fx.fleet.server_name(2);
+    let name = format!("{}-stuck", fx.fleet.name);
+    let policy = format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {name}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [metal.ironcore.dev]
+      apiVersions: ["*"]
+      operations: [UPDATE]
+      resources: [servers]
+  matchConditions:
+  - name: the-stuck-server
+    expression: "object.metadata.name == '{stuck}'"
+  validations:
+  - expression: "!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)"
+    message: injected fault
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {name}}}
+spec: {{policyName: {name}, validationActions: [Deny]}}
+"#
+    );
+    let file = fx.bed.scratch.path().join(format!("{name}.yaml"));
+    std::fs::write(&file, policy).unwrap();
+    let kubectl = |verb: &str| fx.bed.kubectl(&fx.bed.source_kubeconfig, &[verb, "-f", file.to_str().unwrap()]);
+    assert_success(&kubectl("apply"), "apply the policy");
+    tokio::time::sleep(Duration::from_secs(3)).await; // the policy reaches the API server's cache
+
+    let lease = unique("src-lease");
+    let (mut a, a_url, _a_log) = fx.replica(&lease);
+    let (mut b, b_url, _b_log) = fx.replica(&lease);
+    let source = fx.bed.source().await;
+    let clusters = cluster_api(&source, &fx.ns);
+    let annotation =
+        |c: &DynamicObject, key: &str| c.metadata.annotations.clone().unwrap_or_default().get(key).cloned();
+    wait_for("block-move on the Cluster", Duration::from_secs(60), async || {
+        annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).as_deref() == Some("restatus")
+    })
+    .await;
+    let a_leads = leads(&a_url);
+    assert_ne!(a_leads, leads(&b_url), "exactly one replica leads");
+    let (leader, standby_url) = if a_leads { (&mut a, &b_url) } else { (&mut b, &a_url) };
+
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": true}})))
+        .await
+        .unwrap();
+    let final_snapshot = restatus::domain::annotations::FINAL_SNAPSHOT_ANNOTATION;
+    wait_for("the final snapshot recorded and the quiesce stuck half-way", Duration::from_secs(60), async || {
+        let state = fleet_state(&source, &fx.fleet.name).await;
+        let quiesced = state.values().filter(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION)).count();
+        annotation(&clusters.get("workload").await.unwrap(), final_snapshot).is_some() && quiesced >= 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // it keeps failing on the stuck Server
+    let cluster = clusters.get("workload").await.unwrap();
+    assert_eq!(annotation(&cluster, BLOCK_MOVE).as_deref(), Some("restatus"), "the move may not go half-quiesced");
+    let state = fleet_state(&source, &fx.fleet.name).await;
+    assert!(state.values().any(|(_, a)| !a.contains_key(QUIESCED_BY_ANNOTATION)), "the quiesce is incomplete");
+    leader.0.kill().unwrap();
+    leader.0.wait().unwrap();
+    let killed = Instant::now();
+
+    // The move is aborted.
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}})))
+        .await
+        .unwrap();
+    wait_for("the standby leads", Duration::from_secs(15 + 15), async || leads(standby_url)).await;
+    wait_for("restatus's ignore released and block-move back", Duration::from_secs(60), async || {
+        let released = fleet_state(&source, &fx.fleet.name)
+            .await
+            .values()
+            .all(|(_, a)| !a.contains_key(QUIESCED_BY_ANNOTATION) && !a.contains_key(OPERATION_ANNOTATION));
+        // block-move never left: the Cluster's final-snapshot annotation goes last.
+        let cluster = clusters.get("workload").await.unwrap();
+        released
+            && annotation(&cluster, BLOCK_MOVE).as_deref() == Some("restatus")
+            && annotation(&cluster, final_snapshot).is_none()
+    })
+    .await;
+    eprintln!("the standby released the half-quiesced fleet {:?} after the kill", killed.elapsed());
+    assert_success(&kubectl("delete"), "delete the policy");
+    let survivor = if a_leads { &mut b } else { &mut a };
+    let _ = Command::new("kill").arg("-TERM").arg(survivor.0.id().to_string()).status();
+    assert!(survivor.0.wait().unwrap().success());
 }

@@ -29,7 +29,10 @@ impl Writer {
     /// Asks the API server (discovery) which kinds of the profile have a status subresource.
     pub async fn new(client: &kube::Client, profile: &Profile) -> Result<Self> {
         let mut status_subresource = HashSet::new();
-        let mut versions: Vec<(&str, &str)> = profile.kinds.iter().map(|k| (&*k.group, &*k.version)).collect();
+        // Denied kinds are never written: their groups are not asked (a profile may spell the
+        // core group `core`, which no API server serves under /apis).
+        let kinds = || profile.kinds.iter().filter(|k| !k.is_denied());
+        let mut versions: Vec<(&str, &str)> = kinds().map(|k| (&*k.group, &*k.version)).collect();
         versions.sort();
         versions.dedup();
         for (group, version) in versions {
@@ -40,11 +43,12 @@ impl Writer {
             let served: APIResourceList = match client.request(request).await {
                 Ok(list) => list,
                 // Not served: nothing of it can be written; planning says so per object.
-                Err(kube::Error::Api(s)) if s.is_not_found() => continue,
+                // (A 404 of a group the server does not know comes with a plain-text body.)
+                Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 404 => continue,
                 Err(e) => return Err(Error::kube(format!("discover {path}"), e)),
             };
             let names: HashSet<&str> = served.resources.iter().map(|r| r.name.as_str()).collect();
-            for kind in profile.kinds.iter().filter(|k| k.group == group && k.version == version) {
+            for kind in kinds().filter(|k| k.group == group && k.version == version) {
                 if names.contains(format!("{}/status", kind.plural).as_str()) {
                     status_subresource.insert(kind.kind.clone());
                 }

@@ -6,7 +6,9 @@
 //! 1. While no Cluster is paused, it keeps `block-move` on every CAPI Cluster. Clusters are the
 //!    roots of every move graph, so they are certain to be in it; one object per cluster is
 //!    the smallest such set.
-//! 2. When Clusters become paused, it takes a **final snapshot**. If it is consistent, it sets
+//! 2. When Clusters become paused, it takes a **final snapshot**. If it is consistent, it records
+//!    its id on the paused Clusters (`restatus.ironcore.dev/final-snapshot`: the phase survives a
+//!    leader change or a failed step), sets
 //!    metal-operator's `ignore` (marked as restatus's) on the profile's objects, so they arrive
 //!    on the target quiesced, then removes `block-move`: the move proceeds with a snapshot that
 //!    is fresh by construction. If not, `block-move` stays, a Warning Event on each Cluster and
@@ -33,8 +35,8 @@ use crate::moving::cluster::{self, ClusterView};
 use crate::store::SnapshotStore;
 use crate::{Error, Result, TOOL_NAME};
 
-/// The handshake's memory between two steps. It is also written on the Clusters it lets go
-/// (their final-snapshot annotation), so a new leader picks it up.
+/// The handshake's memory between two steps. It is also written on the paused Clusters (their
+/// final-snapshot annotation) before anything is quiesced, so a new leader picks it up.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Phase {
     /// The final snapshot taken for the current pause, once consistent.
@@ -133,12 +135,15 @@ impl Handshake {
                 let paused_at = Timestamp::now();
                 let manifest = backup::run(&self.client, &self.store, &self.backup).await?;
                 if manifest.is_consistent() {
-                    let quiesced = self.quiesce().await?;
-                    info!(snapshot = %manifest.snapshot_id, quiesced, %paused_at, "final snapshot is consistent; objects quiesced");
+                    info!(snapshot = %manifest.snapshot_id, %paused_at, "final snapshot is consistent");
+                    phase.final_snapshot = Some(manifest.snapshot_id.to_string());
+                    // Remembered on the Clusters before anything is quiesced: whoever leads next
+                    // (or this one after a failed quiesce) releases what was quiesced if the move
+                    // is aborted, and finishes the quiesce before letting the move go.
                     for c in clusters.iter().filter(|c| c.paused) {
+                        self.annotate_cluster(c, json!({ FINAL_SNAPSHOT_ANNOTATION: phase.final_snapshot })).await?;
                         self.event(c, EventType::Normal, "FinalSnapshot", final_note(&manifest)).await;
                     }
-                    phase.final_snapshot = Some(manifest.snapshot_id.to_string());
                     // Unblock in the same step: clusterctl is waiting.
                     if let Step::Unblock(paused) = next_step(&clusters, phase) {
                         self.unblock(&paused, phase).await?;
@@ -164,7 +169,11 @@ impl Handshake {
         Ok(())
     }
 
+    /// Quiesces every object not quiesced yet (all of them after the final snapshot; the rest
+    /// after a failed quiesce or a leader change), then lets the move go.
     async fn unblock(&self, clusters: &[ClusterView], phase: &Phase) -> Result<()> {
+        let quiesced = self.quiesce().await?;
+        info!(quiesced, snapshot = ?phase.final_snapshot, "objects quiesced");
         for c in clusters {
             let annotations = json!({ BLOCK_MOVE_ANNOTATION: null, FINAL_SNAPSHOT_ANNOTATION: phase.final_snapshot });
             self.annotate_cluster(c, annotations).await?;
