@@ -670,7 +670,8 @@ async fn a_kind_forbidden_by_the_shipped_rbac_is_reported_and_the_rest_is_restor
 /// Item 10 of issue 9: the controller's periodic refresh lists the snapshots and downloads a
 /// payload only when a newer snapshot arrived. The controller reaches S3 through a counting
 /// proxy (plain http on loopback, in the test); with `--snapshot-refresh 1s` it refreshes many
-/// times: exactly one GET of the payload; a new backup: exactly one more.
+/// times: exactly one GET of the payload; a new backup: exactly one more; a newer inconsistent
+/// one: none.
 #[tokio::test]
 async fn the_snapshot_refresh_downloads_each_payload_once() {
     let _target = TARGET.read().await;
@@ -726,5 +727,19 @@ async fn the_snapshot_refresh_downloads_each_payload_once() {
     }
     refreshes(&lists, 6).await;
     assert_eq!(payload_gets(), 2, "one more download for the new snapshot: {:?}", proxy.requests());
+
+    // A newer snapshot that is inconsistent (a Server in Discovery) is passed over by its
+    // manifest: neither its payload nor the one in use is downloaded again.
+    let servers = crate::moving::api(&bed.source().await, "metal.ironcore.dev/v1alpha1", "Server", "servers", None);
+    let discovery = Patch::Merge(json!({"status": {"state": "Discovery"}}));
+    servers.patch_status(&spec.server_name(0), &PatchParams::default(), &discovery).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let backup = ["backup", "--selector", &selector, "--capture-attempts", "1"];
+    let _ = bed.restatus(&storage, &spec.name, &backup);
+    let store = bed.store(&storage, &spec.name);
+    let newest = store.list().await.unwrap().into_iter().rev().find(|e| e.complete).unwrap();
+    assert!(!store.manifest(&newest.id).await.unwrap().is_consistent(), "the newest snapshot is inconsistent");
+    refreshes(&lists, 6).await;
+    assert_eq!(payload_gets(), 2, "nothing downloaded for an inconsistent newer snapshot: {:?}", proxy.requests());
     assert!(controller.stop().success());
 }

@@ -34,7 +34,7 @@ use crate::k8s::{Writer, api_for};
 use crate::moving::handshake::Handshake;
 use crate::restore::Applier;
 use crate::restore::plan::{self, PlanInput, Verdict};
-use crate::store::{SnapshotStore, choose_snapshot};
+use crate::store::{SnapshotStore, choose_newer, choose_snapshot};
 use crate::{Error, Result};
 use index::{LiveIndex, SnapshotIndex};
 use metrics::Metrics;
@@ -263,24 +263,22 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
 }
 
 /// Loads the newest good snapshot if it is not the one in use. True when it changed. The
-/// listing is compared first: when the newest complete snapshot is the one in use, nothing
-/// is downloaded.
+/// listing and the manifests are read first: the payload of the snapshot in use, or of an
+/// inconsistent one, is not downloaded again.
 async fn refresh_snapshot(ctx: &Context) -> bool {
     let current = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
-    if let Some(current) = &current
-        && let Ok(entries) = ctx.store.list().await
-        && entries.iter().rev().find(|e| e.complete).is_some_and(|e| &e.id == current)
-    {
-        return false;
-    }
-    match choose_snapshot(&ctx.store, None, ctx.options.allow_inconsistent).await {
-        Ok(loaded) if Some(&loaded.manifest.snapshot_id) != current.as_ref() => {
+    let chosen = match &current {
+        Some(current) => choose_newer(&ctx.store, current, ctx.options.allow_inconsistent).await,
+        None => choose_snapshot(&ctx.store, None, ctx.options.allow_inconsistent).await.map(Some),
+    };
+    match chosen {
+        Ok(Some(loaded)) => {
             info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), "using snapshot");
             ctx.metrics.snapshot_timestamp.set(loaded.manifest.created_at.as_millisecond() as f64 / 1000.0);
             *ctx.snapshot.write().await = Some(Arc::new(SnapshotIndex::new(loaded.manifest, loaded.records)));
             true
         }
-        Ok(_) => false,
+        Ok(None) => false,
         Err(e) => {
             ctx.metrics.errors.inc();
             warn!(error = %e, "no snapshot to restore from yet");
@@ -419,7 +417,14 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
             Ok(None) => return,
             Err(e) => {
                 ctx.metrics.errors.inc();
-                Some(Change::Unavailable { kind: kind.kind.clone(), reason: unavailable_reason(&e) })
+                match unavailable_reason(&e) {
+                    Some(reason) => Some(Change::Unavailable { kind: kind.kind.clone(), reason }),
+                    // A watch that expired (410) or a connection lost: the watcher lists again.
+                    None => {
+                        warn!(kind = kind.kind, error = %e, "watch interrupted; listing again after a backoff");
+                        None
+                    }
+                }
             }
         };
         if let Some(change) = change
@@ -434,8 +439,9 @@ fn upsert(kind: &KindProfile, object: &kube::api::DynamicObject) -> Option<Chang
     LiveObject::from_dynamic(kind, object).ok().map(|o| Change::Upsert(Box::new(o)))
 }
 
-/// Why a kind cannot be watched, for the log, the metric and `/readyz`.
-fn unavailable_reason(error: &watcher::Error) -> String {
+/// Why a kind cannot be watched (not served, forbidden), for the log, the metric and
+/// `/readyz`; `None` for an interruption the watcher recovers from.
+fn unavailable_reason(error: &watcher::Error) -> Option<String> {
     let status = match error {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => Some(s),
@@ -443,9 +449,9 @@ fn unavailable_reason(error: &watcher::Error) -> String {
         _ => None,
     };
     match status {
-        Some(s) if s.code == 404 => "not served by the API server (no CRD)".into(),
-        Some(s) if s.code == 403 => "forbidden by RBAC".into(),
-        _ => error.to_string(),
+        Some(s) if s.code == 404 => Some("not served by the API server (no CRD)".into()),
+        Some(s) if s.code == 403 => Some("forbidden by RBAC".into()),
+        _ => None,
     }
 }
 

@@ -30,6 +30,29 @@ pub async fn choose_snapshot(
     pinned: Option<&SnapshotId>,
     allow_inconsistent: bool,
 ) -> Result<Loaded> {
+    let newest = choose(store, pinned, None, allow_inconsistent).await?;
+    newest.ok_or_else(|| Error::NoSnapshot {
+        cluster: store.cluster_id().to_string(),
+        location: store.location().to_string(),
+    })
+}
+
+/// The snapshot [`choose_snapshot`] would load now, unless that is `current`: then `None`,
+/// and no payload is downloaded (the controller's periodic refresh).
+pub async fn choose_newer(
+    store: &SnapshotStore,
+    current: &SnapshotId,
+    allow_inconsistent: bool,
+) -> Result<Option<Loaded>> {
+    choose(store, None, Some(current), allow_inconsistent).await
+}
+
+async fn choose(
+    store: &SnapshotStore,
+    pinned: Option<&SnapshotId>,
+    current: Option<&SnapshotId>,
+    allow_inconsistent: bool,
+) -> Result<Option<Loaded>> {
     // The manifest says whether the snapshot is consistent: an inconsistent one is passed
     // over before its payload is downloaded.
     let load = |id: SnapshotId| async move {
@@ -41,16 +64,19 @@ pub async fn choose_snapshot(
         Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![] })
     };
     if let Some(id) = pinned {
-        return load(id.clone()).await;
+        return load(id.clone()).await.map(Some);
     }
     let mut passed_over = Vec::new();
     for entry in store.list().await?.into_iter().rev().filter(|e| e.complete) {
+        if Some(&entry.id) == current {
+            return Ok(None);
+        }
         match load(entry.id.clone()).await {
             Err(Error::Inconsistent { snapshot, reason }) => {
                 warn!(snapshot = %entry.id, "snapshot is inconsistent; trying the previous one");
                 passed_over.push(Passed { snapshot, reason });
             }
-            Ok(loaded) => return Ok(Loaded { passed_over, ..loaded }),
+            Ok(loaded) => return Ok(Some(Loaded { passed_over, ..loaded })),
             Err(e @ (Error::Store { .. } | Error::Io { .. } | Error::TooLarge { .. })) => return Err(e),
             Err(e) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot skipped; trying the previous one");

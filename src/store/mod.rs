@@ -25,7 +25,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, RetryConfig};
 use url::Url;
 
-pub use choose::{Loaded, Passed, choose_snapshot, resolve};
+pub use choose::{Loaded, Passed, choose_newer, choose_snapshot, resolve};
 pub use retention::{Deletion, RetentionPolicy};
 
 use crate::format::{MANIFEST_FILE, Manifest, PAYLOAD_FILE, SnapshotId, decode_records, verify_payload};
