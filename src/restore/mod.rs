@@ -42,6 +42,8 @@ pub struct RestoreOptions {
     pub page_size: u32,
     /// Only objects with these labels (a Kubernetes label selector).
     pub selector: Option<String>,
+    /// Told of each object written.
+    pub progress: crate::progress::ProgressHook,
 }
 
 impl RestoreOptions {
@@ -59,6 +61,7 @@ impl RestoreOptions {
             concurrency: 16,
             page_size: DEFAULT_PAGE_SIZE,
             selector: None,
+            progress: Default::default(),
         }
     }
 }
@@ -120,7 +123,8 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
     let mut views = live.views;
     if !opts.dry_run {
         let writer = Writer::new(client, &opts.profile).await?;
-        let applier = Applier::new(&writer, &opts.profile, manifest, &loaded.records, opts.force);
+        let applier = Applier::new(&writer, &opts.profile, manifest, &loaded.records, opts.force)
+            .with_progress(opts.progress.clone());
         report.outcomes = applier.apply(&report.plan, &live.objects, opts.concurrency).await;
         report.writes = report.outcomes.iter().map(|o| o.writes).sum();
         info!(writes = report.writes, elapsed = ?started.elapsed(), "plan applied");
