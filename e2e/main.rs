@@ -4,7 +4,9 @@
 mod backup;
 mod bed;
 mod chart;
+mod cli;
 mod controller;
+mod metrics;
 mod moving;
 mod operator;
 mod restore;
