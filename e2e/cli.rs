@@ -7,7 +7,7 @@ use restatus::domain::identity::Profile;
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use serde_json::{Value, json};
 
-use crate::bed::{Bed, assert_success, simulate_move, stderr, stdout, unique};
+use crate::bed::{Bed, TARGET, assert_success, simulate_move, stderr, stdout, unique};
 
 fn json_of(out: &std::process::Output, what: &str) -> Value {
     assert_success(out, what);
@@ -126,6 +126,7 @@ async fn cli_prints_completions_and_its_commit() {
 
 #[tokio::test]
 async fn restore_and_backup_log_progress_without_colours_when_stderr_is_a_pipe() {
+    let _target = TARGET.read().await;
     let bed = Bed::get();
     let (source, target) = (bed.source().await, bed.target().await);
     let spec = FleetSpec::new(&unique("prog"), 20, 20, 5);

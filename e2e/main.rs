@@ -9,5 +9,6 @@ mod controller;
 mod metrics;
 mod moving;
 mod operator;
+mod readonly;
 mod restore;
 mod s3;

@@ -7,21 +7,40 @@ use std::time::{Duration, Instant};
 
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 
-use crate::bed::{Bed, stderr, unique};
+use crate::bed::{Bed, TARGET, stderr, unique};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A restatus process, killed when dropped; its log in a file.
-struct Process {
+pub(crate) struct Process {
     child: Child,
     log: std::path::PathBuf,
 }
 
 impl Process {
-    fn start(bed: &Bed, kubeconfig: &std::path::Path, storage: &str, cluster: &str, args: &[&str]) -> Process {
+    pub(crate) fn start(
+        bed: &Bed,
+        kubeconfig: &std::path::Path,
+        storage: &str,
+        cluster: &str,
+        args: &[&str],
+    ) -> Process {
+        Self::start_with(bed, kubeconfig, storage, cluster, args, &[])
+    }
+
+    /// With `env` set for the process (e.g. other S3 credentials).
+    pub(crate) fn start_with(
+        bed: &Bed,
+        kubeconfig: &std::path::Path,
+        storage: &str,
+        cluster: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Process {
         let log = bed.scratch.path().join(format!("{}.log", unique("proc")));
         let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
             .args(args)
+            .envs(env.iter().copied())
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .env("RESTATUS_STORAGE", storage)
@@ -33,7 +52,7 @@ impl Process {
         Process { child, log }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -45,12 +64,12 @@ impl Drop for Process {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// `GET /metrics`: the content type and the body, or None while nothing answers.
-fn scrape(port: u16) -> Option<(String, String)> {
+pub(crate) fn scrape(port: u16) -> Option<(String, String)> {
     let out =
         Command::new("curl").args(["-s", "-D", "-", &format!("http://127.0.0.1:{port}/metrics")]).output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -62,7 +81,7 @@ fn scrape(port: u16) -> Option<(String, String)> {
 }
 
 /// The value of the series that `series` starts (name and labels).
-fn value(body: &str, series: &str) -> Option<f64> {
+pub(crate) fn value(body: &str, series: &str) -> Option<f64> {
     body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
 }
 
@@ -88,6 +107,7 @@ fn now() -> f64 {
 
 #[tokio::test]
 async fn schedule_and_controller_export_backup_and_newest_snapshot_metrics() {
+    let _target = TARGET.read().await;
     let bed = Bed::get();
     let spec = FleetSpec::new(&unique("metrics"), 4, 4, 2);
     fleet::create(&bed.source().await, &spec, 8).await.expect("create fleet");
