@@ -14,7 +14,11 @@ fn git(args: &[&str]) -> Option<String> {
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=RESTATUS_GIT_COMMIT");
-    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    // Only this package's own checkout: a tarball unpacked inside another repository must not
+    // take that repository's commit.
+    let own = std::env::var("CARGO_MANIFEST_DIR").ok().and_then(|dir| std::fs::canonicalize(dir).ok());
+    let top = git(&["rev-parse", "--show-toplevel"]).and_then(|top| std::fs::canonicalize(top).ok());
+    let commit = if own.is_some() && own == top { git(&["rev-parse", "--short", "HEAD"]) } else { None };
     if commit.is_some() {
         // HEAD itself (a checkout of another branch), the branch's ref (a commit on it), and
         // packed-refs (where a ref lands after `git gc`). Only existing paths: a missing one
