@@ -33,19 +33,25 @@ fn admin(args: &[&str]) -> std::process::Output {
         .expect("run versitygw admin")
 }
 
-/// Sets the bucket's policy (root account, SigV4 by curl).
-fn put_bucket_policy(bucket: &str, policy: &serde_json::Value) {
-    let out = Command::new("curl")
-        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", "PUT", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+/// PUT (`Some(policy)`) or DELETE (`None`) the bucket's policy as the root account (SigV4 by curl).
+fn bucket_policy(bucket: &str, policy: Option<&serde_json::Value>) {
+    let mut curl = Command::new("curl");
+    curl.args(["-s", "-o", "-", "-w", "\n%{http_code}", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
         .args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
-        .arg(format!("{}:{}", env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")))
-        .args(["--data-binary", &policy.to_string()])
-        // `policy=`: the canonical query string versitygw signs.
-        .arg(format!("{}/{bucket}?policy=", env("S3_ENDPOINT")))
-        .output()
-        .expect("run curl");
+        .arg(format!("{}:{}", env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")));
+    match policy {
+        Some(policy) => curl.args(["-X", "PUT", "--data-binary", &policy.to_string()]),
+        None => curl.args(["-X", "DELETE"]),
+    };
+    // `policy=`: the canonical query string versitygw signs.
+    let out = curl.arg(format!("{}/{bucket}?policy=", env("S3_ENDPOINT"))).output().expect("run curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(text.trim_end().ends_with("204") || text.trim_end().ends_with("200"), "PUT bucket policy: {text}");
+    let code = text.trim_end().rsplit('\n').next().unwrap_or_default().to_string();
+    assert!(
+        code == "204" || code == "200",
+        "{} bucket policy: {text}",
+        if policy.is_some() { "PUT" } else { "DELETE" }
+    );
 }
 
 #[tokio::test]
@@ -75,14 +81,14 @@ async fn readonly_credentials_restore_and_list_but_cannot_back_up() {
     let out = admin(&["create-user", "--access", &access, "--secret", &secret, "--role", "user"]);
     assert!(out.status.success(), "create-user: {}", String::from_utf8_lossy(&out.stderr));
     let bucket = env("RESTATUS_BUCKET");
-    put_bucket_policy(
+    bucket_policy(
         &bucket,
-        &serde_json::json!({"Version": "2012-10-17", "Statement": [
+        Some(&serde_json::json!({"Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Principal": {"AWS": [access]}, "Action": ["s3:ListBucket"],
              "Resource": [format!("arn:aws:s3:::{bucket}")]},
             {"Effect": "Allow", "Principal": {"AWS": [access]}, "Action": ["s3:GetObject"],
              "Resource": [format!("arn:aws:s3:::{bucket}/*")]}
-        ]}),
+        ]})),
     );
     let readonly = [("AWS_ACCESS_KEY_ID", access.as_str()), ("AWS_SECRET_ACCESS_KEY", secret.as_str())];
 
@@ -153,6 +159,7 @@ async fn readonly_credentials_restore_and_list_but_cannot_back_up() {
     let report: serde_json::Value = serde_json::from_str(&stdout(&restore)).unwrap();
     assert_eq!(report["snapshot"], snapshot.as_str());
 
+    bucket_policy(&bucket, None);
     let out = admin(&["delete-user", "--access", &access]);
     assert!(out.status.success(), "delete-user: {}", String::from_utf8_lossy(&out.stderr));
 }
