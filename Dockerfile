@@ -10,6 +10,9 @@ ARG RUST_VERSION=1.95
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
+# `restatus --version` names the commit: from .git when the context has it, else from this
+# (docker build --build-arg RESTATUS_GIT_COMMIT=$(git rev-parse --short HEAD) .).
+ARG RESTATUS_GIT_COMMIT=
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

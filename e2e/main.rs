@@ -4,8 +4,11 @@
 mod backup;
 mod bed;
 mod chart;
+mod cli;
 mod controller;
+mod metrics;
 mod moving;
 mod operator;
+mod readonly;
 mod restore;
 mod s3;

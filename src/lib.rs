@@ -14,13 +14,16 @@
 //! [`fleet`] makes sample fleets for the demo, tests and benchmarks.
 
 pub mod backup;
+pub mod compare;
 pub mod controller;
 pub mod domain;
 pub mod error;
 pub mod fleet;
 pub mod format;
 pub mod k8s;
+pub mod metrics;
 pub mod moving;
+pub mod progress;
 pub mod restore;
 pub mod store;
 pub mod telemetry;

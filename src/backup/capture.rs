@@ -22,6 +22,7 @@ pub(crate) async fn capture_into(
 ) -> Result<(PayloadEncoder, Collector)> {
     let mut encoder = PayloadEncoder::new(opts.zstd_level).map_err(|e| Error::io("start zstd", e))?;
     let mut collector = Collector::new();
+    opts.progress.start("backup", None);
     for kind in &opts.profile.kinds {
         collector.begin_kind(kind);
         if kind.is_denied() {
@@ -44,6 +45,7 @@ pub(crate) async fn capture_into(
                 next.inspect(|fetch| fetch.abort());
                 return Err(e);
             }
+            opts.progress.advance(page.items.len() as u64);
             // Upload what this page compressed to: memory holds about two pages and at most
             // one upload part, whatever the number of objects.
             let compressed = encoder.take_output();
@@ -55,6 +57,7 @@ pub(crate) async fn capture_into(
             }
         }
     }
+    opts.progress.finish();
     Ok((encoder, collector))
 }
 

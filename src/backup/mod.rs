@@ -31,6 +31,8 @@ pub struct BackupOptions {
     pub capture_attempts: u32,
     /// Pause between two captures.
     pub retry_delay: std::time::Duration,
+    /// Told of each page of objects captured (phase `backup`, total unknown).
+    pub progress: crate::progress::ProgressHook,
 }
 
 impl BackupOptions {
@@ -46,6 +48,7 @@ impl BackupOptions {
             zstd_level: 3,
             capture_attempts: 3,
             retry_delay: std::time::Duration::from_secs(2),
+            progress: Default::default(),
         }
     }
 }

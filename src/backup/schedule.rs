@@ -3,18 +3,27 @@
 //!
 //! [`Schedule`] is pure; [`run`] is the loop: never two backups at once, missed runs are not
 //! caught up (after a long backup the next run is the next time that is still ahead), and a
-//! shutdown signal lets a running backup finish, then stops.
+//! shutdown signal lets a running backup finish, then stops. [`ScheduleMetrics`] is what the
+//! schedule exports on `/metrics`.
 
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::atomic::AtomicU64;
 
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tracing::{error, info, warn};
 
 use crate::Error;
+use crate::format::Manifest;
+use crate::metrics::{ClusterLabel, NewestSnapshotMetrics};
 
 #[derive(Debug, Clone)]
 pub struct Schedule {
@@ -103,6 +112,83 @@ where
     }
 }
 
+/// What `restatus schedule` exports on `/metrics`: its own backups' outcome, and the bucket's
+/// newest snapshot (refreshed at start and after each backup).
+pub struct ScheduleMetrics {
+    registry: Registry,
+    cluster_id: ClusterLabel,
+    pub newest: NewestSnapshotMetrics,
+    last_success: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
+    backups: Family<OutcomeLabel, Counter>,
+    duration: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
+    records: Family<ClusterLabel, Gauge>,
+    bytes: Family<ClusterLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub cluster_id: String,
+    /// `success` or `failure`.
+    pub outcome: String,
+}
+
+impl ScheduleMetrics {
+    /// Every series exists from the start, at 0: a first failure is then an increase.
+    pub fn new(cluster_id: &str) -> Self {
+        let mut registry = Registry::with_prefix("restatus");
+        let newest = NewestSnapshotMetrics::default();
+        newest.register(&mut registry);
+        let last_success = Family::<ClusterLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "backup_last_success_timestamp_seconds",
+            "When this process's last successful backup completed (Unix seconds, 0 before)",
+            last_success.clone(),
+        );
+        let backups = Family::<OutcomeLabel, Counter>::default();
+        registry.register("backups", "Backups this process ran, by outcome", backups.clone());
+        let duration = Family::<ClusterLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "backup_duration_seconds",
+            "Wall time of this process's last backup, either outcome",
+            duration.clone(),
+        );
+        let records = Family::<ClusterLabel, Gauge>::default();
+        registry.register("backup_records", "Records of the last successful backup", records.clone());
+        let bytes = Family::<ClusterLabel, Gauge>::default();
+        registry.register("backup_bytes", "Payload bytes of the last successful backup", bytes.clone());
+        let label = ClusterLabel { cluster_id: cluster_id.to_string() };
+        for family in [&last_success, &duration] {
+            drop(family.get_or_create(&label));
+        }
+        for family in [&records, &bytes] {
+            drop(family.get_or_create(&label));
+        }
+        for outcome in ["success", "failure"] {
+            drop(backups.get_or_create(&OutcomeLabel { cluster_id: cluster_id.to_string(), outcome: outcome.into() }));
+        }
+        ScheduleMetrics { registry, cluster_id: label, newest, last_success, backups, duration, records, bytes }
+    }
+
+    /// Records one backup: its manifest when it succeeded, and how long it took.
+    pub fn backup_finished(&self, manifest: Option<&Manifest>, took: std::time::Duration) {
+        let outcome = if manifest.is_some() { "success" } else { "failure" };
+        let outcome = OutcomeLabel { cluster_id: self.cluster_id.cluster_id.clone(), outcome: outcome.into() };
+        self.backups.get_or_create(&outcome).inc();
+        self.duration.get_or_create(&self.cluster_id).set(took.as_secs_f64());
+        if let Some(m) = manifest {
+            let done = m.completed_at.max(m.created_at);
+            self.last_success.get_or_create(&self.cluster_id).set(done.as_millisecond() as f64 / 1000.0);
+            self.records.get_or_create(&self.cluster_id).set(i64::try_from(m.payload.records).unwrap_or(i64::MAX));
+            self.bytes.get_or_create(&self.cluster_id).set(i64::try_from(m.payload.size).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The OpenMetrics text of `/metrics`.
+    pub fn render(&self) -> String {
+        crate::metrics::render(&self.registry)
+    }
+}
+
 /// Fire times strictly after `fired` and not after `now`.
 fn missed_between(schedule: &Schedule, fired: Timestamp, now: Timestamp) -> usize {
     let mut count = 0;
@@ -174,6 +260,33 @@ mod tests {
         let fired: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
         assert_eq!(missed_between(&s, fired, "2026-11-30T10:35:00Z".parse().unwrap()), 3);
         assert_eq!(missed_between(&s, fired, "2026-11-30T10:05:00Z".parse().unwrap()), 0);
+    }
+
+    #[test]
+    fn schedule_metrics_count_outcomes_and_keep_the_last_success() {
+        let metrics = ScheduleMetrics::new("c");
+        let value = |text: &str, series: &str| {
+            text.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()).map(str::to_string)
+        };
+        let text = metrics.render();
+        assert_eq!(value(&text, r#"restatus_backups_total{cluster_id="c",outcome="failure"}"#).as_deref(), Some("0"));
+        assert_eq!(value(&text, "restatus_backup_last_success_timestamp_seconds").as_deref(), Some("0.0"));
+
+        let at: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        let mut manifest = crate::fixtures::manifest(crate::format::SnapshotId::new(at), at);
+        manifest.payload.records = 12;
+        manifest.payload.size = 3456;
+        metrics.backup_finished(Some(&manifest), std::time::Duration::from_millis(1500));
+        metrics.backup_finished(None, std::time::Duration::from_secs(3));
+        let text = metrics.render();
+        assert_eq!(value(&text, r#"restatus_backups_total{cluster_id="c",outcome="success"}"#).as_deref(), Some("1"));
+        assert_eq!(value(&text, r#"restatus_backups_total{cluster_id="c",outcome="failure"}"#).as_deref(), Some("1"));
+        // The failure does not erase what the last success wrote; the duration is the last run's.
+        assert_eq!(value(&text, "restatus_backup_records").as_deref(), Some("12"));
+        assert_eq!(value(&text, "restatus_backup_bytes").as_deref(), Some("3456"));
+        assert_eq!(value(&text, "restatus_backup_duration_seconds").as_deref(), Some("3.0"));
+        let success: f64 = value(&text, "restatus_backup_last_success_timestamp_seconds").unwrap().parse().unwrap();
+        assert!(success >= at.as_second() as f64, "{success}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,47 +2,81 @@
 
 use std::collections::BTreeSet;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use restatus::backup::schedule::{self, Schedule};
+use clap::CommandFactory;
+use restatus::backup::schedule::{self, Schedule, ScheduleMetrics};
 use restatus::backup::{self, BackupOptions};
+use restatus::compare::Comparer;
+use restatus::controller::http;
 use restatus::controller::{self, ControllerOptions, Election, Role as ControllerRole};
 use restatus::k8s;
 use restatus::moving::handshake::Handshake;
 use restatus::moving::preflight::{self, PreflightOptions, PreflightReport};
+use restatus::progress::ProgressHook;
 use restatus::restore::{self, RestoreOptions};
 use restatus::store::{self, RetentionPolicy, SnapshotStore};
 use tracing::{info, warn};
 
 use super::output::{self, OutputFormat};
+use super::progress;
 use super::{
-    BackupArgs, Command, ControllerArgs, Global, OutputArgs, PreflightArgs, RestoreArgs, Role, SnapshotsCommand,
+    BackupArgs, Cli, Command, ControllerArgs, Global, OutputArgs, PreflightArgs, RestoreArgs, Role, SnapshotsCommand,
 };
 
 /// Runs one command; the exit code for commands that have more than success and failure.
 pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
+    if let Command::Completion { shell } = command {
+        clap_complete::generate(shell, &mut Cli::command(), "restatus", &mut std::io::stdout());
+        return Ok(ExitCode::SUCCESS);
+    }
     let store = SnapshotStore::open(&global.storage, &global.cluster_id)?.with_max_payload(global.max_snapshot_size);
     match command {
+        Command::Completion { .. } => unreachable!("handled above"),
         Command::Preflight(args) => return preflight(&global, &store, args).await,
         Command::Backup(args) => {
-            let (client, options) = backup_setup(&global, &args).await?;
+            let (client, mut options) = backup_setup(&global, &args).await?;
+            options.progress = ProgressHook::new(Arc::from(progress::for_stderr(global.progress_interval)));
             let manifest =
                 backup::run(&client, &store, &options).await.context("backup failed; no snapshot was written")?;
             println!("{}", manifest.snapshot_id);
             prune(&store, args.retention.policy()).await?;
         }
-        Command::Schedule { cron, backup: args } => {
+        Command::Schedule { cron, metrics_addr, backup: args } => {
             let schedule: Schedule = cron.parse()?;
+            let metrics = Arc::new(ScheduleMetrics::new(store.cluster_id()));
+            // Bound before anything else: a taken port fails the start, not a scrape later.
+            let server = match metrics_addr {
+                Some(addr) => {
+                    let listener = http::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
+                    let m = metrics.clone();
+                    Some(tokio::spawn(http::serve_metrics(move || m.render(), listener)))
+                }
+                None => None,
+            };
             let (client, options) = backup_setup(&global, &args).await?;
             let policy = args.retention.policy();
             info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
+            if let Err(e) = metrics.newest.refresh(&store).await {
+                warn!(error = %e, "cannot read the newest snapshot for the metrics");
+            }
             let job = || async {
-                backup::run(&client, &store, &options).await?;
+                let started = std::time::Instant::now();
+                let result = backup::run(&client, &store, &options).await;
+                metrics.backup_finished(result.as_ref().ok(), started.elapsed());
+                if let Err(e) = metrics.newest.refresh(&store).await {
+                    warn!(error = %e, "cannot read the newest snapshot for the metrics");
+                }
+                result?;
                 store::retention::apply(&store, policy).await.map(|_| ())
             };
             let runs = schedule::run(&schedule, job, shutdown_signal()).await;
             info!(runs, "schedule stopped");
+            if let Some(server) = server {
+                server.abort();
+            }
         }
         Command::Restore(args) => restore(&global, &store, args).await?,
         Command::Controller(args) => controller(&global, store, args).await?,
@@ -85,6 +119,7 @@ async fn preflight(g: &Global, store: &SnapshotStore, args: PreflightArgs) -> Re
     }
     match args.output.output {
         OutputFormat::Json => println!("{}", serde_json::to_string(&report)?),
+        OutputFormat::Yaml => print!("{}", output::yaml(&report)?),
         OutputFormat::Table => print!("{}", output::preflight_text(&report)),
     }
     Ok(if report.ready { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -156,20 +191,18 @@ async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result
         concurrency: args.concurrency.max(1),
         selector: g.selector.clone(),
         // The changes are shown by a dry run's table and in JSON.
-        explain: args.dry_run || matches!(args.output.output, OutputFormat::Json),
+        explain: args.dry_run || matches!(args.output.output, OutputFormat::Json | OutputFormat::Yaml),
         ..RestoreOptions::new(profile)
     };
+    let options =
+        RestoreOptions { progress: ProgressHook::new(Arc::from(progress::for_stderr(g.progress_interval))), ..options };
     if options.force {
         warn!("--force: live statuses that moved on after the snapshot will be overwritten");
     }
     let report = restore::run(&client, store, &options).await.context("restore failed")?;
-    match args.output.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        OutputFormat::Table => {
-            print!("{}", output::plan_table(&report.plan, options.dry_run));
-            print!("{}", output::restore_summary(&report));
-        }
-    }
+    output::emit(args.output.output, &report, || {
+        output::plan_table(&report.plan, options.dry_run) + &output::restore_summary(&report)
+    })?;
     if !report.ok() {
         bail!(
             "restore incomplete: {} objects failed, {} pairing violations; rerun to retry",
@@ -202,17 +235,45 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<(
     match command {
         SnapshotsCommand::List(out) => {
             let rows = output::snapshot_rows(store, &store.list().await?).await;
-            match out.output {
-                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-                OutputFormat::Table => print!("{}", output::snapshot_table(&rows)),
-            }
+            output::emit(out.output, &rows, || output::snapshot_table(&rows))?;
         }
-        SnapshotsCommand::Show { id, output: out } => {
+        SnapshotsCommand::Clusters(out) => {
+            let clusters = store.clusters().await?;
+            if clusters.is_empty() {
+                warn!(storage = store.location(), "no cluster id with snapshots under this prefix");
+            }
+            output::emit(out.output, &clusters, || output::cluster_table(&clusters))?;
+        }
+        SnapshotsCommand::Show { id, objects: true, kind, filter, output: out } => {
+            let id = store::resolve(store, &id).await?;
+            let mut rows = Vec::new();
+            // Streams the records; keeps only the rows that match.
+            store
+                .load(&id, |record| {
+                    let row = output::ObjectRow::of(&record);
+                    if row.matches(kind.as_deref(), filter.as_deref()) {
+                        rows.push(row);
+                    }
+                    Ok(())
+                })
+                .await?;
+            output::emit(out.output, &rows, || output::object_table(&rows))?;
+        }
+        SnapshotsCommand::Show { id, output: out, .. } => {
             let manifest = store.manifest(&store::resolve(store, &id).await?).await?;
             match out.output {
                 OutputFormat::Json => println!("{}", String::from_utf8_lossy(&manifest.to_json())),
+                OutputFormat::Yaml => print!("{}", output::yaml(&manifest)?),
                 OutputFormat::Table => print!("{}", output::manifest_text(&manifest)),
             }
+        }
+        SnapshotsCommand::Diff { a, b, output: out } => {
+            let (a, b) = (store::resolve(store, &a).await?, store::resolve(store, &b).await?);
+            let mut comparer = Comparer::new(a.to_string(), b.to_string());
+            store.load(&a, |record| comparer.add_a(&record)).await.with_context(|| format!("read snapshot {a}"))?;
+            store.load(&b, |record| comparer.add_b(&record)).await.with_context(|| format!("read snapshot {b}"))?;
+            let diff = comparer.finish();
+            output::emit(out.output, &diff, || output::diff_table(&diff))?;
         }
         SnapshotsCommand::Verify { id, output: out } => return verify(store, &id, out).await,
         SnapshotsCommand::Prune { retention, dry_run } => {
@@ -235,10 +296,10 @@ async fn verify(store: &SnapshotStore, id: &str, out: OutputArgs) -> Result<()> 
         Ok(m) => (true, format!("{} records, sha256 {}", m.payload.records, m.payload.sha256)),
         Err(e) => (false, e.to_string()),
     };
+    let result_json = serde_json::json!({"snapshot": id.to_string(), "ok": ok, "detail": detail});
     match out.output {
-        OutputFormat::Json => {
-            println!("{}", serde_json::json!({"snapshot": id.to_string(), "ok": ok, "detail": detail}))
-        }
+        OutputFormat::Json => println!("{result_json}"),
+        OutputFormat::Yaml => print!("{}", output::yaml(&result_json)?),
         OutputFormat::Table => println!("{id}: {} ({detail})", if ok { "OK" } else { "FAILED" }),
     }
     result.map(|_| ()).map_err(Into::into)

@@ -3,6 +3,7 @@
 
 pub mod commands;
 pub mod output;
+pub mod progress;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,10 +17,13 @@ use restatus::telemetry::LogFormat;
 
 use output::OutputFormat;
 
+/// `restatus --version`: the package version and the git commit it was built from (build.rs).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("RESTATUS_GIT_COMMIT"), ")");
+
 #[derive(Parser)]
 #[command(
     name = "restatus",
-    version,
+    version = VERSION,
     about = "Keeps the status of Kubernetes objects safe across cluster moves and disasters"
 )]
 pub struct Cli {
@@ -55,6 +59,10 @@ pub struct Global {
     pub max_snapshot_size: u64,
     #[arg(long, env = "RESTATUS_LOG_FORMAT", value_enum, default_value = "plain", global = true)]
     pub log_format: LogFormat,
+    /// When stderr is not a terminal, how often `restore` and `backup` log their progress (on
+    /// a terminal they draw a bar).
+    #[arg(long, env = "RESTATUS_PROGRESS_INTERVAL", default_value = "10s", value_parser = positive_duration, global = true)]
+    pub progress_interval: Duration,
 }
 
 #[derive(Subcommand)]
@@ -66,6 +74,10 @@ pub enum Command {
         /// Five-field cron expression in UTC, with Kubernetes CronJob semantics.
         #[arg(long)]
         cron: String,
+        /// Serve /metrics (the backups' outcome, the bucket's newest snapshot) and /healthz on
+        /// this address, e.g. 0.0.0.0:8080.
+        #[arg(long, env = "RESTATUS_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
         #[command(flatten)]
         backup: BackupArgs,
     },
@@ -77,9 +89,14 @@ pub enum Command {
     /// Tells whether the cluster can be moved now (exit 0), or not and why (exit 1); exit 2
     /// when it could not check. Run against the source cluster.
     Preflight(PreflightArgs),
-    /// Lists, shows, verifies and prunes snapshots.
+    /// Lists, shows, compares, verifies and prunes snapshots.
     #[command(subcommand)]
     Snapshots(SnapshotsCommand),
+    /// Prints a shell completion script: `source <(restatus completion bash)`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -202,9 +219,29 @@ impl RetentionArgs {
 pub enum SnapshotsCommand {
     /// Lists this cluster's snapshots, newest first.
     List(OutputArgs),
-    /// Shows a snapshot's manifest (ID or `latest`).
+    /// Lists the cluster ids under the storage URL's prefix, with each one's newest snapshot.
+    Clusters(OutputArgs),
+    /// Shows a snapshot's manifest (ID or `latest`), or with --objects its records.
     Show {
         id: String,
+        /// List the records (kind, primary key, namespace/name) instead of the manifest.
+        #[arg(long)]
+        objects: bool,
+        /// With --objects: only records of this kind (e.g. Server; case-insensitive).
+        #[arg(long, requires = "objects")]
+        kind: Option<String>,
+        /// With --objects: only records whose kind, key or name contains this text.
+        #[arg(long, requires = "objects")]
+        filter: Option<String>,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// The objects whose status differs between snapshots A and B (IDs or `latest`), per
+    /// top-level status field, and those in only one of them: what restoring A instead of B
+    /// would change.
+    Diff {
+        a: String,
+        b: String,
         #[command(flatten)]
         output: OutputArgs,
     },
@@ -268,6 +305,16 @@ mod tests {
             assert!(err.to_string().contains("must be greater than zero"), "{flags:?}: {err}");
         }
         assert!(Cli::try_parse_from(["restatus", "controller", "--snapshot-refresh", "1s"]).is_ok());
+    }
+
+    #[test]
+    fn version_names_the_commit_and_the_cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        assert!(VERSION.starts_with(env!("CARGO_PKG_VERSION")));
+        assert!(VERSION.contains("(commit ") && !VERSION.contains("(commit )"), "{VERSION}");
+        let err = Cli::try_parse_from(["restatus", "snapshots", "show", "latest", "--filter", "x"]).err();
+        assert!(err.is_some(), "--filter without --objects is refused");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! What the CLI prints: snapshot listings and verification results, as tables or JSON.
+//! What the CLI prints: snapshot listings and verification results, as tables, JSON or YAML.
 
 use serde::Serialize;
 
@@ -12,6 +12,112 @@ use restatus::store::{SnapshotEntry, SnapshotStore};
 pub enum OutputFormat {
     Table,
     Json,
+    Yaml,
+}
+
+/// Prints `value` as pretty JSON or YAML, or `table()` for a person.
+pub fn emit<T: Serialize>(format: OutputFormat, value: &T, table: impl FnOnce() -> String) -> anyhow::Result<()> {
+    match format {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        OutputFormat::Yaml => print!("{}", yaml(value)?),
+        OutputFormat::Table => print!("{}", table()),
+    }
+    Ok(())
+}
+
+pub fn yaml<T: Serialize>(value: &T) -> anyhow::Result<String> {
+    serde_saphyr::to_string(value).map_err(|e| anyhow::anyhow!("cannot write YAML: {e}"))
+}
+
+/// One record of `snapshots show --objects`.
+#[derive(Debug, Serialize)]
+pub struct ObjectRow {
+    pub kind: String,
+    /// The primary identity key, `field=value`.
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectRow {
+    pub fn of(record: &restatus::format::Record) -> Self {
+        ObjectRow {
+            kind: record.kind.clone(),
+            key: record.primary_key().map(ToString::to_string).unwrap_or_default(),
+            namespace: record.namespace.clone(),
+            name: record.name.clone(),
+        }
+    }
+
+    /// Of kind `kind` (case-insensitive) when given, and containing `filter` (case-insensitive)
+    /// in its kind, key, namespace or name when given.
+    pub fn matches(&self, kind: Option<&str>, filter: Option<&str>) -> bool {
+        let kind_ok = kind.is_none_or(|k| self.kind.eq_ignore_ascii_case(k));
+        let filter_ok = filter.is_none_or(|f| {
+            let f = f.to_lowercase();
+            [Some(&self.kind), Some(&self.key), self.namespace.as_ref(), Some(&self.name)]
+                .into_iter()
+                .flatten()
+                .any(|field| field.to_lowercase().contains(&f))
+        });
+        kind_ok && filter_ok
+    }
+}
+
+pub fn object_table(rows: &[ObjectRow]) -> String {
+    let body = rows
+        .iter()
+        .map(|r| {
+            let name = r.namespace.as_ref().map_or(r.name.clone(), |ns| format!("{ns}/{}", r.name));
+            vec![r.kind.clone(), r.key.clone(), name]
+        })
+        .collect();
+    table(&["KIND", "KEY", "NAME"], body)
+}
+
+/// `snapshots clusters` as a table.
+pub fn cluster_table(clusters: &[restatus::store::clusters::ClusterEntry]) -> String {
+    let body = clusters
+        .iter()
+        .map(|c| {
+            vec![
+                c.cluster_id.clone(),
+                c.snapshots.to_string(),
+                c.complete.to_string(),
+                c.newest.as_ref().map(ToString::to_string).unwrap_or_else(|| "-".into()),
+                c.newest_at.map(|t| t.to_string()).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(&["CLUSTER ID", "SNAPSHOTS", "COMPLETE", "NEWEST", "TAKEN"], body)
+}
+
+/// `snapshots diff` as a table: one line per object, then one per changed field.
+pub fn diff_table(d: &restatus::compare::SnapshotDiff) -> String {
+    let name = |o: &restatus::compare::ObjectDiff| match (&o.name_in_a, &o.name_in_b) {
+        (Some(a), Some(b)) if a != b => format!("{a} -> {b}"),
+        (Some(n), _) | (None, Some(n)) => n.clone(),
+        (None, None) => String::new(),
+    };
+    let mut rows = Vec::new();
+    for o in d.changed.iter().chain(&d.only_in_a).chain(&d.only_in_b) {
+        rows.push(vec![o.presence().to_string(), o.kind.clone(), o.key.clone(), name(o)]);
+        for change in &o.changes {
+            rows.push(vec![String::new(), String::new(), format!("  {change}"), String::new()]);
+        }
+    }
+    let mut out = table(&["DIFF", "KIND", "KEY", "NAME"], rows);
+    out += &format!(
+        "A {} -> B {}: {} changed, {} only in A, {} only in B, {} unchanged\n",
+        d.a,
+        d.b,
+        d.changed.len(),
+        d.only_in_a.len(),
+        d.only_in_b.len(),
+        d.unchanged
+    );
+    out
 }
 
 /// One line of `snapshots list`.
@@ -302,6 +408,28 @@ mod tests {
     fn tables_align_columns() {
         let out = table(&["A", "LONGER"], vec![vec!["xyz".into(), "1".into()], vec!["q".into(), "22".into()]]);
         assert_eq!(out, "A     LONGER\nxyz   1\nq     22\n");
+    }
+
+    #[test]
+    fn object_rows_filter_by_kind_and_text() {
+        let row = ObjectRow {
+            kind: "Server".into(),
+            key: "spec.systemUUID=ab-12".into(),
+            namespace: None,
+            name: "compute-7".into(),
+        };
+        assert!(row.matches(None, None));
+        assert!(row.matches(Some("server"), Some("AB-12")));
+        assert!(row.matches(None, Some("compute")));
+        assert!(!row.matches(Some("BMC"), None));
+        assert!(!row.matches(None, Some("storage")));
+    }
+
+    #[test]
+    fn yaml_is_written() {
+        let row = ObjectRow { kind: "BMC".into(), key: "k=v".into(), namespace: Some("ns".into()), name: "b".into() };
+        let text = yaml(&vec![row]).unwrap();
+        assert!(text.contains("kind: BMC") && text.contains("namespace: ns"), "{text}");
     }
 
     #[test]

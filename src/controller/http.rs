@@ -1,10 +1,12 @@
-//! The controller's HTTP endpoints: `/metrics` (Prometheus text), `/healthz`, `/readyz`.
+//! The controller's HTTP endpoints: `/metrics` (OpenMetrics text), `/healthz`, `/readyz`; and
+//! [`serve_metrics`], `/metrics` and `/healthz` alone, for `restatus schedule`.
 
 use std::sync::Arc;
 
 use tracing::info;
 
 use crate::controller::Context;
+use crate::controller::metrics::OPENMETRICS_CONTENT_TYPE;
 use crate::{Error, Result};
 
 /// `/readyz`: ready or not, then one line per kind that cannot be watched.
@@ -15,6 +17,11 @@ fn readyz(ctx: &Context) -> (axum::http::StatusCode, String) {
     }
     let code = if ctx.is_ready() { axum::http::StatusCode::OK } else { axum::http::StatusCode::SERVICE_UNAVAILABLE };
     (code, body)
+}
+
+/// A `/metrics` answer: `body` with the OpenMetrics content type.
+fn metrics_response(body: String) -> impl axum::response::IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], body)
 }
 
 /// Binds the endpoints' address: a port that cannot be bound is an error at start, not a
@@ -31,7 +38,9 @@ pub async fn serve(ctx: Arc<Context>, listener: tokio::net::TcpListener) -> Resu
     let app = axum::Router::new()
         .route(
             "/metrics",
-            get(|axum::extract::State(ctx): axum::extract::State<Arc<Context>>| async move { ctx.metrics.render() }),
+            get(|axum::extract::State(ctx): axum::extract::State<Arc<Context>>| async move {
+                metrics_response(ctx.metrics.render())
+            }),
         )
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -41,6 +50,22 @@ pub async fn serve(ctx: Arc<Context>, listener: tokio::net::TcpListener) -> Resu
         .with_state(ctx);
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /healthz, /readyz");
+    }
+    axum::serve(listener, app).await.map_err(|e| Error::io("HTTP server", e))
+}
+
+/// Serves `/metrics` (what `render` returns at each scrape) and `/healthz` on `listener` until
+/// the process ends.
+pub async fn serve_metrics<R>(render: R, listener: tokio::net::TcpListener) -> Result<()>
+where
+    R: Fn() -> String + Clone + Send + Sync + 'static,
+{
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/metrics", get(move || std::future::ready(metrics_response(render()))))
+        .route("/healthz", get(|| async { "ok" }));
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /metrics, /healthz");
     }
     axum::serve(listener, app).await.map_err(|e| Error::io("HTTP server", e))
 }

@@ -1,4 +1,5 @@
-//! Prometheus metrics of the restore controller, served on `/metrics`.
+//! Prometheus metrics of the restore controller, served on `/metrics`, with the bucket's view of
+//! the newest snapshot ([`NewestSnapshotMetrics`], shared with `restatus schedule`).
 
 use std::sync::atomic::AtomicU64;
 
@@ -10,6 +11,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::restore::Verdict;
+
+pub use crate::metrics::{ClusterLabel, NewestSnapshotMetrics, OPENMETRICS_CONTENT_TYPE, render};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerdictLabel {
@@ -29,6 +32,8 @@ pub struct Metrics {
     pub retrying: Gauge,
     /// 1 while a kind of the profile cannot be watched (not served, forbidden).
     pub kind_unavailable: Family<KindLabel, Gauge>,
+    /// The newest snapshot in the bucket, refreshed by every replica (see [`export_newest`]).
+    pub newest: NewestSnapshotMetrics,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,6 +72,8 @@ impl Default for Metrics {
             "1 while a kind of the profile cannot be watched (not served, forbidden)",
             kind_unavailable.clone(),
         );
+        let newest = NewestSnapshotMetrics::default();
+        newest.register(&mut registry);
         Metrics {
             registry,
             decisions,
@@ -77,6 +84,7 @@ impl Default for Metrics {
             quiesced,
             retrying,
             kind_unavailable,
+            newest,
         }
     }
 }
@@ -91,8 +99,19 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
-        out
+        render(&self.registry)
+    }
+}
+
+/// Every `period`, refreshes [`Metrics::newest`] from the bucket; runs until aborted. Each
+/// replica runs it, leading or not, so the bucket's view is there on any of them.
+pub async fn export_newest(ctx: std::sync::Arc<crate::controller::Context>, period: std::time::Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = ctx.metrics.newest.refresh(&ctx.store).await {
+            tracing::warn!(error = %e, "cannot read the newest snapshot for the metrics");
+        }
     }
 }

@@ -484,6 +484,7 @@ pub async fn run_elected(
 ) -> Result<()> {
     tokio::pin!(shutdown);
     let server = tokio::spawn(http::serve(ctx.clone(), http::bind(election.http_addr).await?));
+    let newest = tokio::spawn(metrics::export_newest(ctx.clone(), ctx.options.snapshot_refresh));
     let mut leadership =
         Leadership::join(&ctx.client, &election.lease_namespace, &election.lease_name, &election.identity).await?;
     tokio::select! {
@@ -509,6 +510,7 @@ pub async fn run_elected(
     ctx.metrics.leader.set(0);
     ctx.leading.store(false, Ordering::Relaxed);
     server.abort();
+    newest.abort();
     result
 }
 

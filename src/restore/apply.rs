@@ -33,6 +33,7 @@ use crate::domain::object::{self, RawObject};
 use crate::domain::pairing::{METAL_GROUP, ServerView, View};
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
 use crate::k8s::Writer;
+use crate::progress::ProgressHook;
 use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
 use crate::{Error, Result};
 
@@ -69,6 +70,8 @@ pub struct Applier<'a> {
     /// Every record of the snapshot (`records` may be a part of them), for what a BMC awaits.
     snapshot_records: &'a Records,
     force: bool,
+    /// Told of each item applied.
+    progress: ProgressHook,
 }
 
 impl<'a> Applier<'a> {
@@ -79,7 +82,21 @@ impl<'a> Applier<'a> {
         records: &'a Records,
         force: bool,
     ) -> Self {
-        Applier { writer, profile, manifest, records, snapshot_records: records, force }
+        Applier {
+            writer,
+            profile,
+            manifest,
+            records,
+            snapshot_records: records,
+            force,
+            progress: ProgressHook::default(),
+        }
+    }
+
+    /// Reports each applied item to `progress` (phase `restore`, total: the writing items).
+    pub fn with_progress(mut self, progress: ProgressHook) -> Self {
+        self.progress = progress;
+        self
     }
 
     /// Every record of the snapshot, when the applier plans with a part of them.
@@ -91,15 +108,18 @@ impl<'a> Applier<'a> {
     /// Applies every writing item, kind by kind in plan order, `concurrency` objects at a time.
     pub async fn apply(&self, plan: &RestorePlan, live: &[LiveObject], concurrency: usize) -> Vec<Outcome> {
         let mut outcomes = Vec::new();
+        self.progress.start("restore", Some(plan.writes() as u64));
         for kind in &self.profile.kinds {
             let items = plan.items.iter().filter(|i| i.kind == kind.kind && i.writes());
             let done: Vec<Outcome> = stream::iter(items)
                 .map(|item| self.apply_item(kind, item, live))
                 .buffer_unordered(concurrency.max(1))
+                .inspect(|_| self.progress.advance(1))
                 .collect()
                 .await;
             outcomes.extend(done);
         }
+        self.progress.finish();
         outcomes
     }
 

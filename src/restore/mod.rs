@@ -45,6 +45,8 @@ pub struct RestoreOptions {
     /// List the status fields each restore changes in the plan (dry runs, JSON reports).
     /// Keeps every live status in memory while planning.
     pub explain: bool,
+    /// Told of each object written.
+    pub progress: crate::progress::ProgressHook,
 }
 
 impl RestoreOptions {
@@ -63,6 +65,7 @@ impl RestoreOptions {
             page_size: DEFAULT_PAGE_SIZE,
             selector: None,
             explain: false,
+            progress: Default::default(),
         }
     }
 }
@@ -125,7 +128,8 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
     let mut views = live.views;
     if !opts.dry_run {
         let writer = Writer::new(client, &opts.profile).await?;
-        let applier = Applier::new(&writer, &opts.profile, manifest, &loaded.records, opts.force);
+        let applier = Applier::new(&writer, &opts.profile, manifest, &loaded.records, opts.force)
+            .with_progress(opts.progress.clone());
         report.outcomes = applier.apply(&report.plan, &live.objects, opts.concurrency).await;
         report.writes = report.outcomes.iter().map(|o| o.writes).sum();
         info!(writes = report.writes, elapsed = ?started.elapsed(), "plan applied");

@@ -8,6 +8,7 @@
 //! ```
 
 pub mod choose;
+pub mod clusters;
 pub mod retention;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,194 @@
+//! What an operator's Prometheus scrapes: `restatus schedule --metrics-addr` after a real
+//! scheduled backup (its outcome, the bucket's newest snapshot) and a restore controller (the
+//! bucket's newest snapshot), with real values and the OpenMetrics content type.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
+
+use crate::bed::{Bed, TARGET, stderr, unique};
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A restatus process, killed when dropped; its log in a file.
+pub(crate) struct Process {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Process {
+    pub(crate) fn start(
+        bed: &Bed,
+        kubeconfig: &std::path::Path,
+        storage: &str,
+        cluster: &str,
+        args: &[&str],
+    ) -> Process {
+        Self::start_with(bed, kubeconfig, storage, cluster, args, &[])
+    }
+
+    /// With `env` set for the process (e.g. other S3 credentials).
+    pub(crate) fn start_with(
+        bed: &Bed,
+        kubeconfig: &std::path::Path,
+        storage: &str,
+        cluster: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Process {
+        let log = bed.scratch.path().join(format!("{}.log", unique("proc")));
+        let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
+            .args(args)
+            .envs(env.iter().copied())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("RESTATUS_STORAGE", storage)
+            .env("RESTATUS_CLUSTER_ID", cluster)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Process { child, log }
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `GET /metrics`: the content type and the body, or None while nothing answers.
+pub(crate) fn scrape(port: u16) -> Option<(String, String)> {
+    let out =
+        Command::new("curl").args(["-s", "-D", "-", &format!("http://127.0.0.1:{port}/metrics")]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let content_type = head.lines().find_map(|l| {
+        l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim())
+    })?;
+    Some((content_type.to_string(), body.to_string()))
+}
+
+/// The value of the series that `series` starts (name and labels).
+pub(crate) fn value(body: &str, series: &str) -> Option<f64> {
+    body.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+}
+
+/// Scrapes until `done` holds for the body, or panics after `within` with the process's log.
+async fn scrape_until(process: &Process, port: u16, within: Duration, done: impl Fn(&str) -> bool) -> (String, String) {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    while Instant::now() < deadline {
+        if let Some((content_type, body)) = scrape(port) {
+            if done(&body) {
+                return (content_type, body);
+            }
+            last = Some(body);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("metrics not as expected within {within:?}; last scrape:\n{last:?}\nlog:\n{}", process.log());
+}
+
+fn now() -> f64 {
+    jiff::Timestamp::now().as_millisecond() as f64 / 1000.0
+}
+
+#[tokio::test]
+async fn schedule_and_controller_export_backup_and_newest_snapshot_metrics() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("metrics"), 4, 4, 2);
+    fleet::create(&bed.source().await, &spec, 8).await.expect("create fleet");
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage("metrics");
+    let cluster = unique("metrics");
+    let label = format!(r#"{{cluster_id="{cluster}"}}"#);
+
+    // The schedule, every minute: the first run comes within 60 s.
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let schedule = Process::start(
+        &bed,
+        &bed.source_kubeconfig,
+        &storage,
+        &cluster,
+        &["schedule", "--cron", "* * * * *", "--metrics-addr", &addr, "--selector", &selector],
+    );
+    // Before the first backup the series exist, at 0.
+    let (content_type, before) = scrape_until(&schedule, port, Duration::from_secs(20), |_| true).await;
+    assert_eq!(content_type, OPENMETRICS);
+    assert_eq!(
+        value(&before, &format!("restatus_backup_last_success_timestamp_seconds{label}")),
+        Some(0.0),
+        "{before}"
+    );
+    assert_eq!(value(&before, &format!("restatus_snapshot_newest_timestamp_seconds{label}")), Some(0.0), "{before}");
+
+    // A second schedule on the same port stops at once, saying why.
+    let taken = bed.restatus(&storage, &cluster, &["schedule", "--cron", "* * * * *", "--metrics-addr", &addr]);
+    assert!(!taken.status.success());
+    assert!(stderr(&taken).contains(&format!("--metrics-addr {addr}")), "{}", stderr(&taken));
+
+    let success = format!(r#"restatus_backups_total{{cluster_id="{cluster}",outcome="success"}}"#);
+    let (content_type, body) =
+        scrape_until(&schedule, port, Duration::from_secs(100), |b| value(b, &success).is_some_and(|n| n >= 1.0)).await;
+    assert_eq!(content_type, OPENMETRICS);
+    assert!(body.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+    let get = |name: &str| value(&body, &format!("{name}{label}")).unwrap_or_else(|| panic!("{name} missing:\n{body}"));
+    let records = get("restatus_backup_records");
+    assert_eq!(records, spec.total() as f64, "records of the scheduled backup");
+    assert!(get("restatus_backup_bytes") > 0.0);
+    assert!(get("restatus_backup_duration_seconds") > 0.0);
+    let last = get("restatus_backup_last_success_timestamp_seconds");
+    assert!((now() - last).abs() < 120.0, "last success {last} is not about now ({})", now());
+    let failure = format!(r#"restatus_backups_total{{cluster_id="{cluster}",outcome="failure"}}"#);
+    assert_eq!(value(&body, &failure), Some(0.0));
+    // The bucket's view, refreshed after the backup: the snapshot just written.
+    assert_eq!(get("restatus_snapshot_newest_records"), records);
+    assert_eq!(get("restatus_snapshot_newest_consistent"), 1.0);
+    assert_eq!(get("restatus_snapshot_newest_bytes"), get("restatus_backup_bytes"));
+    let newest = get("restatus_snapshot_newest_timestamp_seconds");
+    assert!(newest > 0.0 && newest <= last, "newest snapshot taken at {newest}, backup done at {last}");
+    drop(schedule);
+
+    // The restore controller on the target reads the same from the bucket.
+    let port = free_port();
+    let controller = Process::start(
+        &bed,
+        &bed.target_kubeconfig,
+        &storage,
+        &cluster,
+        &[
+            "controller",
+            "--selector",
+            &selector,
+            "--snapshot-refresh",
+            "2s",
+            "--http-addr",
+            &format!("127.0.0.1:{port}"),
+            "--lease-namespace",
+            "default",
+            "--lease-name",
+            &unique("lease"),
+        ],
+    );
+    let series = format!("restatus_snapshot_newest_records{label}");
+    let (content_type, body) =
+        scrape_until(&controller, port, Duration::from_secs(30), |b| value(b, &series).is_some_and(|n| n > 0.0)).await;
+    assert_eq!(content_type, OPENMETRICS);
+    assert_eq!(value(&body, &series), Some(records));
+    assert_eq!(value(&body, &format!("restatus_snapshot_newest_timestamp_seconds{label}")), Some(newest));
+    assert_eq!(value(&body, &format!("restatus_snapshot_newest_consistent{label}")), Some(1.0));
+}

@@ -1,0 +1,130 @@
+//! Progress of `restore` and `backup` for a person: a bar on a terminal, else a one-line
+//! `info!` log every `--progress-interval` and when a phase ends (done/total, rate).
+
+use std::io::IsTerminal;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use restatus::progress::Progress;
+use tracing::info;
+
+/// A bar on stderr when it is a terminal, else log lines.
+pub fn for_stderr(interval: Duration) -> Box<dyn Progress> {
+    if std::io::stderr().is_terminal() { Box::new(Bar::default()) } else { Box::new(LogLines::new(interval)) }
+}
+
+#[derive(Default)]
+struct Bar {
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl Progress for Bar {
+    fn start(&self, phase: &str, total: Option<u64>) {
+        let bar = match total {
+            Some(total) => ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr()).with_style(
+                ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} objects, {per_sec}, eta {eta}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            ),
+            None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_style(
+                ProgressStyle::with_template("{spinner} {msg}: {pos} objects, {per_sec}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            ),
+        };
+        bar.set_message(phase.to_string());
+        bar.enable_steady_tick(Duration::from_millis(200));
+        if let Ok(mut slot) = self.bar.lock() {
+            *slot = Some(bar);
+        }
+    }
+
+    fn advance(&self, items: u64) {
+        if let Ok(slot) = self.bar.lock()
+            && let Some(bar) = slot.as_ref()
+        {
+            bar.inc(items);
+        }
+    }
+
+    fn finish(&self) {
+        if let Ok(mut slot) = self.bar.lock()
+            && let Some(bar) = slot.take()
+        {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Log lines: at most one per interval while items come in, and one at the end.
+struct LogLines {
+    interval: Duration,
+    state: Mutex<LogState>,
+}
+
+struct LogState {
+    phase: String,
+    total: Option<u64>,
+    done: u64,
+    started: Instant,
+    last: Instant,
+}
+
+impl LogLines {
+    fn new(interval: Duration) -> Self {
+        let now = Instant::now();
+        let state = LogState { phase: String::new(), total: None, done: 0, started: now, last: now };
+        LogLines { interval, state: Mutex::new(state) }
+    }
+}
+
+/// `restore progress: 120/500 objects (24%), 40.0/s, 3.0s`
+pub fn line(phase: &str, done: u64, total: Option<u64>, elapsed: Duration) -> String {
+    let rate = if elapsed.as_secs_f64() > 0.0 { done as f64 / elapsed.as_secs_f64() } else { 0.0 };
+    let count = match total {
+        Some(total) if total > 0 => format!("{done}/{total} objects ({}%)", done * 100 / total),
+        Some(total) => format!("{done}/{total} objects"),
+        None => format!("{done} objects"),
+    };
+    format!("{phase} progress: {count}, {rate:.1}/s, {:.1}s", elapsed.as_secs_f64())
+}
+
+impl Progress for LogLines {
+    fn start(&self, phase: &str, total: Option<u64>) {
+        if let Ok(mut s) = self.state.lock() {
+            let now = Instant::now();
+            *s = LogState { phase: phase.to_string(), total, done: 0, started: now, last: now };
+        }
+    }
+
+    fn advance(&self, items: u64) {
+        if let Ok(mut s) = self.state.lock() {
+            s.done += items;
+            if s.last.elapsed() >= self.interval {
+                s.last = Instant::now();
+                info!("{}", line(&s.phase, s.done, s.total, s.started.elapsed()));
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Ok(s) = self.state.lock() {
+            info!("{} (done)", line(&s.phase, s.done, s.total, s.started.elapsed()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_say_done_total_and_rate() {
+        assert_eq!(
+            line("restore", 120, Some(480), Duration::from_secs(3)),
+            "restore progress: 120/480 objects (25%), 40.0/s, 3.0s"
+        );
+        assert_eq!(line("backup", 10, None, Duration::from_secs(2)), "backup progress: 10 objects, 5.0/s, 2.0s");
+        assert_eq!(line("restore", 0, Some(0), Duration::ZERO), "restore progress: 0/0 objects, 0.0/s, 0.0s");
+    }
+}

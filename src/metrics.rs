@@ -1,0 +1,145 @@
+//! Metrics shared by the long-running modes (restore controller, `restatus schedule`): the
+//! bucket's view of the newest snapshot of a cluster id, and the OpenMetrics text rendering.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::format::Manifest;
+use crate::store::SnapshotStore;
+
+/// The content type of `/metrics`: the text encoder writes OpenMetrics 1.0.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabel {
+    pub cluster_id: String,
+}
+
+/// The newest complete snapshot (manifest written) of a cluster id in the bucket, whatever its
+/// verdict: read from the listing and that one manifest, never a payload.
+#[derive(Clone, Debug, Default)]
+pub struct NewestSnapshotMetrics {
+    /// `createdAt`, Unix seconds; 0 while none is known.
+    pub timestamp: Family<ClusterLabel, Gauge<f64, AtomicU64>>,
+    /// 1 when its consistency verdict is consistent (or unchecked, format 1.0), else 0.
+    pub consistent: Family<ClusterLabel, Gauge>,
+    pub records: Family<ClusterLabel, Gauge>,
+    /// Payload bytes as stored (compressed).
+    pub bytes: Family<ClusterLabel, Gauge>,
+}
+
+impl NewestSnapshotMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "snapshot_newest_timestamp_seconds",
+            "Capture start of the newest complete snapshot in the bucket (Unix seconds, 0 while none)",
+            self.timestamp.clone(),
+        );
+        registry.register(
+            "snapshot_newest_consistent",
+            "1 when the newest complete snapshot in the bucket is consistent, else 0",
+            self.consistent.clone(),
+        );
+        registry.register(
+            "snapshot_newest_records",
+            "Records in the newest complete snapshot in the bucket",
+            self.records.clone(),
+        );
+        registry.register(
+            "snapshot_newest_bytes",
+            "Payload bytes (compressed, as stored) of the newest complete snapshot in the bucket",
+            self.bytes.clone(),
+        );
+    }
+
+    /// Sets the gauges of `cluster_id` from `manifest`, or to 0 when there is none.
+    pub fn observe(&self, cluster_id: &str, manifest: Option<&Manifest>) {
+        let label = ClusterLabel { cluster_id: cluster_id.to_string() };
+        let (at, consistent, records, bytes) = match manifest {
+            Some(m) => (
+                m.created_at.as_millisecond() as f64 / 1000.0,
+                i64::from(m.is_consistent()),
+                i64::try_from(m.payload.records).unwrap_or(i64::MAX),
+                i64::try_from(m.payload.size).unwrap_or(i64::MAX),
+            ),
+            None => (0.0, 0, 0, 0),
+        };
+        self.timestamp.get_or_create(&label).set(at);
+        self.consistent.get_or_create(&label).set(consistent);
+        self.records.get_or_create(&label).set(records);
+        self.bytes.get_or_create(&label).set(bytes);
+    }
+
+    /// Lists the store and reads the newest complete manifest. On an error the gauges keep
+    /// their last values (the alert on age still fires when the listing keeps failing).
+    pub async fn refresh(&self, store: &SnapshotStore) -> crate::Result<Option<Manifest>> {
+        let entries = store.list().await?;
+        let manifest = match entries.iter().rev().find(|e| e.complete) {
+            Some(entry) => Some(store.manifest(&entry.id).await?),
+            None => None,
+        };
+        self.observe(store.cluster_id(), manifest.as_ref());
+        Ok(manifest)
+    }
+}
+
+/// A registry in the OpenMetrics text format ([`OPENMETRICS_CONTENT_TYPE`]).
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures;
+    use crate::format::{Consistency, SnapshotId};
+    use jiff::Timestamp;
+    use object_store::ObjectStoreExt;
+
+    fn line<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(name))
+    }
+
+    #[tokio::test]
+    async fn newest_snapshot_metrics_come_from_the_newest_complete_manifest() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let metrics = crate::controller::metrics::Metrics::default();
+        assert!(metrics.newest.refresh(&store).await.unwrap().is_none());
+        let text = metrics.render();
+        assert_eq!(
+            line(&text, "restatus_snapshot_newest_records"),
+            Some("restatus_snapshot_newest_records{cluster_id=\"c\"} 0")
+        );
+
+        let old: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        let new: Timestamp = "2026-11-30T11:00:00Z".parse().unwrap();
+        let mut first = fixtures::manifest(SnapshotId::new(old), old);
+        first.payload.records = 7;
+        store.put_manifest(&first).await.unwrap();
+        let mut newest = fixtures::manifest(SnapshotId::new(new), new);
+        newest.payload.records = 42;
+        newest.payload.size = 1234;
+        newest.consistency = Some(Consistency { consistent: false, attempts: 3, reasons: vec![], reason_count: 1 });
+        store.put_manifest(&newest).await.unwrap();
+        // A newer snapshot without a manifest (being written) does not count.
+        let pending = SnapshotId::new("2026-11-30T12:00:00Z".parse().unwrap());
+        store.object_store().put(&store.payload_path(&pending), bytes::Bytes::from_static(b"x").into()).await.unwrap();
+
+        let read = metrics.newest.refresh(&store).await.unwrap().unwrap();
+        assert_eq!(read.snapshot_id, newest.snapshot_id);
+        let text = metrics.render();
+        let value = |name: &str| line(&text, name).and_then(|l| l.rsplit(' ').next()).map(str::to_string);
+        assert_eq!(value("restatus_snapshot_newest_records").as_deref(), Some("42"));
+        assert_eq!(value("restatus_snapshot_newest_bytes").as_deref(), Some("1234"));
+        assert_eq!(value("restatus_snapshot_newest_consistent").as_deref(), Some("0"));
+        let at: f64 = value("restatus_snapshot_newest_timestamp_seconds").unwrap().parse().unwrap();
+        assert_eq!(at, new.as_second() as f64);
+        assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF: {text}");
+    }
+}
