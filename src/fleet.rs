@@ -30,6 +30,8 @@ pub struct FleetSpec {
     /// Create the objects with restatus's `ignore`, as a move after the source-role
     /// handshake leaves them.
     pub quiesced: bool,
+    /// Labels added to every object besides [`FLEET_LABEL`] (e.g. clusterctl's move label).
+    pub labels: Vec<(String, String)>,
 }
 
 impl FleetSpec {
@@ -42,6 +44,7 @@ impl FleetSpec {
             namespaces: vec!["team-a".into(), "team-b".into()],
             with_status: true,
             quiesced: false,
+            labels: Vec::new(),
         }
     }
 
@@ -272,6 +275,11 @@ pub async fn create(client: &kube::Client, spec: &FleetSpec, concurrency: usize)
         for (_, object, _) in &mut work {
             object["metadata"]["annotations"] =
                 json!({OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: crate::TOOL_NAME});
+        }
+    }
+    for (_, object, _) in &mut work {
+        for (key, value) in &spec.labels {
+            object["metadata"]["labels"][key] = json!(value);
         }
     }
     stream::iter(work)
