@@ -158,7 +158,10 @@ async fn main() {
     let controller = Controller { child, port };
     let deadline = Duration::from_secs(1800);
     let first = decided(&controller, n as f64, deadline).await;
-    println!("controller, {n} objects and records, synced: RSS {} KiB (peak while syncing {first} KiB)", rss_kib(controller.child.id()));
+    println!(
+        "controller, {n} objects and records, synced: RSS {} KiB (peak while syncing {first} KiB)",
+        rss_kib(controller.child.id())
+    );
     let mut steady = 0;
     for round in 1..=3 {
         let servers_only = ["backup", "--kubeconfig", source.as_str(), "--selector", selector.as_str()];
@@ -187,5 +190,8 @@ async fn main() {
             (*r1 as f64 * 1024.0 + per_record * (100_000.0 - *n1 as f64)) / 1024.0 / 1024.0
         );
     }
-    println!("controller steady peak RSS over three refreshes, {n} objects and records: {:.1} MiB", steady as f64 / 1024.0);
+    println!(
+        "controller steady peak RSS over three refreshes, {n} objects and records: {:.1} MiB",
+        steady as f64 / 1024.0
+    );
 }

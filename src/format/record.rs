@@ -49,6 +49,11 @@ pub type RecordHead = Record<()>;
 impl<S> Record<S> {
     /// The record's head, and its status.
     pub fn split(self) -> (RecordHead, S) {
+        self.replace_status(())
+    }
+
+    /// The same record with `status` instead, and the status it had.
+    fn replace_status<T>(self, status: T) -> (Record<T>, S) {
         let Record {
             api_version,
             kind,
@@ -61,9 +66,9 @@ impl<S> Record<S> {
             creation_timestamp,
             labels,
             annotations,
-            status,
+            status: old,
         } = self;
-        let head = Record {
+        let record = Record {
             api_version,
             kind,
             namespace,
@@ -75,29 +80,16 @@ impl<S> Record<S> {
             creation_timestamp,
             labels,
             annotations,
-            status: (),
+            status,
         };
-        (head, status)
+        (record, old)
     }
 }
 
 impl RecordHead {
     /// The whole record again, with its status.
     pub fn with_status<S>(&self, status: S) -> Record<S> {
-        Record {
-            api_version: self.api_version.clone(),
-            kind: self.kind.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            keys: self.keys.clone(),
-            uid: self.uid.clone(),
-            resource_version: self.resource_version.clone(),
-            generation: self.generation,
-            creation_timestamp: self.creation_timestamp.clone(),
-            labels: self.labels.clone(),
-            annotations: self.annotations.clone(),
-            status,
-        }
+        self.clone().replace_status(status).0
     }
 }
 
