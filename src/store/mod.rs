@@ -29,8 +29,8 @@ use url::Url;
 pub use choose::{Loaded, Passed, choose_newer, choose_snapshot, resolve};
 pub use retention::{Deletion, RetentionPolicy};
 
+use crate::format::Record;
 use crate::format::{MANIFEST_FILE, Manifest, PAYLOAD_FILE, SnapshotId, decode_records, verify_payload};
-use crate::format::{Record, Records};
 use crate::{Error, Result};
 
 /// Where snapshots go when nothing is configured.
@@ -250,14 +250,6 @@ impl SnapshotStore {
         verify_payload(&manifest, &payload)?;
         decode_records(&manifest, &payload, visit)?;
         Ok(manifest)
-    }
-
-    /// Reads a snapshot and checks it end to end, keeping its records for planning (statuses
-    /// stay compressed, see [`Records`]).
-    pub async fn records(&self, id: &SnapshotId) -> Result<(Manifest, Records)> {
-        let manifest = self.manifest(id).await?;
-        let records = Records::decode(&manifest, self.payload(&manifest).await?)?;
-        Ok((manifest, records))
     }
 
     /// Deletes a snapshot: the manifest first, so a half-deleted snapshot no longer exists for
