@@ -197,6 +197,11 @@ fn apply(bed: &Bed, kubeconfig: &Path, yaml: &str, extra: &[&str]) -> Output {
 fn deploy_role(bed: &Bed, kubeconfig: &Path, role: &str, sets: &[&str]) -> PathBuf {
     let yaml = render(RELEASE, sets);
     assert_success(&apply(bed, kubeconfig, &yaml, &[]), &format!("apply the chart's {role} role"));
+    if yaml.contains("kind: ValidatingAdmissionPolicy") {
+        // Admission policies take effect once they reach the API server's cache: a write
+        // checked before that would pass unchecked.
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    }
     let account = format!("{RELEASE}-{role}");
     let token = bed.kubectl(kubeconfig, &["-n", RELEASE, "create", "token", &account]);
     assert_success(&token, "create token");
