@@ -280,8 +280,8 @@ async fn main() {
     let snapshot = manifest.snapshot_id.to_string();
     let loaded = restatus::store::choose_snapshot(&store, Some(&manifest.snapshot_id), false).await.unwrap();
     let bench_records: Vec<Record> = (0..loaded.records.len())
-        .filter(|&i| loaded.records.heads()[i].name.starts_with("bench-"))
         .map(|i| loaded.records.record(i).unwrap())
+        .filter(|r| r.name.starts_with("bench-"))
         .collect();
     let objects = bench_records.len();
     let unset = restatus::k8s::api_for(&target, profile.kind("Server").unwrap(), None)

@@ -1,38 +1,48 @@
-//! The controller's two indexes, pure: the snapshot in use with its records by (kind, key),
+//! The controller's two indexes, pure: the snapshot in use with its records by key digest,
 //! and the live objects by uid with who carries which key. An object's neighbourhood is the
-//! small planning input that judges it exactly as the one-shot plan would.
+//! small planning input that judges it exactly as the one-shot plan would. Both indexes hold
+//! digests of keys (see [`KeyDigest`]), not the keys: planning compares the keys themselves.
 
 use std::collections::{BTreeSet, HashMap};
 
 use crate::Result;
-use crate::domain::identity::IdentityKey;
+use crate::domain::identity::KeyDigest;
 use crate::domain::live::LiveObject;
 use crate::format::{Manifest, Records};
+use crate::restore::apply::SystemServers;
 
-/// A loaded snapshot with its records indexed by (kind, key). The statuses stay compressed
-/// in the payload until an object is planned.
+/// A loaded snapshot with its records indexed by key digest. The records stay compressed in
+/// the payload until an object is planned.
 pub struct SnapshotIndex {
     pub manifest: Manifest,
     pub records: Records,
-    by_key: HashMap<(String, IdentityKey), Vec<usize>>,
+    /// (digest of a record's key, record), sorted.
+    by_key: Vec<(KeyDigest, u32)>,
+    /// Read when a BMC first needs them.
+    pub system_servers: SystemServers,
 }
 
 impl SnapshotIndex {
     pub fn new(manifest: Manifest, records: Records) -> Self {
-        let mut by_key: HashMap<(String, IdentityKey), Vec<usize>> = HashMap::new();
-        for (i, record) in records.heads().iter().enumerate() {
-            for key in &record.keys {
-                by_key.entry((record.kind.clone(), key.clone())).or_default().push(i);
-            }
+        let mut by_key: Vec<(KeyDigest, u32)> = Vec::with_capacity(records.len());
+        for r in 0..records.len() {
+            by_key.extend(records.key_digests(r).iter().map(|&d| (d, r as u32)));
         }
-        SnapshotIndex { manifest, records, by_key }
+        by_key.sort_unstable();
+        SnapshotIndex { manifest, records, by_key, system_servers: SystemServers::default() }
+    }
+
+    /// The records carrying a key of this digest, in payload order.
+    fn with_key(&self, digest: KeyDigest) -> impl Iterator<Item = usize> + '_ {
+        let start = self.by_key.partition_point(|(d, _)| *d < digest);
+        self.by_key[start..].iter().take_while(move |(d, _)| *d == digest).map(|(_, r)| *r as usize)
     }
 
     /// Where the first record carrying one of the object's keys is in the payload: objects
     /// handled in this order read the payload's frames one after the other.
     pub fn position(&self, object: &LiveObject) -> usize {
-        let first = |key: &IdentityKey| self.by_key.get(&(object.kind.clone(), key.clone())).and_then(|r| r.first());
-        object.keys.iter().filter_map(first).min().copied().unwrap_or(usize::MAX)
+        let first = |d: KeyDigest| self.with_key(d).next();
+        object.keys.iter().filter_map(|k| first(k.digest(&object.kind))).min().unwrap_or(usize::MAX)
     }
 }
 
@@ -40,14 +50,14 @@ impl SnapshotIndex {
 #[derive(Default)]
 pub struct LiveIndex {
     pub objects: HashMap<String, LiveObject>,
-    by_key: HashMap<(String, IdentityKey), BTreeSet<String>>,
+    by_key: HashMap<KeyDigest, Vec<String>>,
 }
 
 impl LiveIndex {
     pub fn upsert(&mut self, object: LiveObject) {
         self.remove(&object.uid);
         for key in &object.keys {
-            self.by_key.entry((object.kind.clone(), key.clone())).or_default().insert(object.uid.clone());
+            self.by_key.entry(key.digest(&object.kind)).or_default().push(object.uid.clone());
         }
         self.objects.insert(object.uid.clone(), object);
     }
@@ -67,11 +77,11 @@ impl LiveIndex {
     pub fn remove(&mut self, uid: &str) {
         if let Some(old) = self.objects.remove(uid) {
             for key in &old.keys {
-                let slot = (old.kind.clone(), key.clone());
-                if let Some(uids) = self.by_key.get_mut(&slot) {
-                    uids.remove(uid);
+                let digest = key.digest(&old.kind);
+                if let Some(uids) = self.by_key.get_mut(&digest) {
+                    uids.retain(|u| u != uid);
                     if uids.is_empty() {
-                        self.by_key.remove(&slot);
+                        self.by_key.remove(&digest);
                     }
                 }
             }
@@ -83,18 +93,15 @@ impl LiveIndex {
     /// object the index does not hold.
     pub fn neighbourhood(&self, uid: &str, snapshot: &SnapshotIndex) -> Option<Result<(Records, Vec<LiveObject>)>> {
         let object = self.objects.get(uid)?;
-        let heads = snapshot.records.heads();
-        let lookup = |key: &IdentityKey| snapshot.by_key.get(&(object.kind.clone(), key.clone()));
-        let mut records: BTreeSet<usize> = object.keys.iter().filter_map(lookup).flatten().copied().collect();
-        let primaries: Vec<&IdentityKey> = records.iter().filter_map(|&r| heads[r].primary_key()).collect();
-        let rivals: BTreeSet<usize> = primaries.into_iter().filter_map(lookup).flatten().copied().collect();
-        records.extend(rivals);
+        let digests = object.keys.iter().map(|k| k.digest(&object.kind));
+        let mut records: BTreeSet<usize> = digests.flat_map(|d| snapshot.with_key(d)).collect();
+        let primaries: Vec<KeyDigest> =
+            records.iter().filter_map(|&r| snapshot.records.key_digests(r).first().copied()).collect();
+        records.extend(primaries.into_iter().flat_map(|d| snapshot.with_key(d)));
         let mut uids: BTreeSet<&String> = BTreeSet::from([&object.uid]);
         for &r in &records {
-            for key in &heads[r].keys {
-                if let Some(holders) = self.by_key.get(&(object.kind.clone(), key.clone())) {
-                    uids.extend(holders);
-                }
+            for digest in snapshot.records.key_digests(r) {
+                uids.extend(self.by_key.get(digest).into_iter().flatten());
             }
         }
         let live = uids.into_iter().filter_map(|u| self.objects.get(u).cloned()).collect();
@@ -106,7 +113,7 @@ impl LiveIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::identity::Profile;
+    use crate::domain::identity::{IdentityKey, Profile};
     use crate::fixtures::{self, SNAPSHOT_TIME, record, ts, uuid as key};
     use crate::restore::plan::{self, PlanInput, Verdict};
     use serde_json::json;
@@ -134,7 +141,8 @@ mod tests {
         index.upsert(live("c", &["k2"]));
         let snap = snapshot(&["k1", "k2", "k3"]);
         let (records, objects) = index.neighbourhood("a", &snap).unwrap().unwrap();
-        assert_eq!(records.heads().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["r0"]);
+        let names: Vec<String> = records.heads().map(|h| h.unwrap().1.name).collect();
+        assert_eq!(names, ["r0"]);
         let mut uids: Vec<_> = objects.iter().map(|o| o.uid.as_str()).collect();
         uids.sort();
         assert_eq!(uids, ["a", "b"], "b shares the key and makes the match ambiguous");
@@ -145,7 +153,8 @@ mod tests {
         let mut index = LiveIndex::default();
         index.upsert(live("a", &["k1"]));
         index.upsert(live("a", &["k2"]));
-        assert!(!index.by_key.contains_key(&("Server".to_string(), key("k1"))));
+        assert!(!index.by_key.contains_key(&key("k1").digest("Server")));
+        assert!(index.by_key.contains_key(&key("k2").digest("Server")));
         index.remove("a");
         assert!(index.by_key.is_empty() && index.objects.is_empty());
     }

@@ -374,7 +374,7 @@ async fn reconcile(
         }
     };
     let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
-        .with_snapshot_records(&snapshot.records);
+        .with_snapshot_records(&snapshot.records, &snapshot.system_servers);
     let outcome = applier.apply_item(kind, item, objects).await;
     if let Some(error) = &outcome.error {
         ctx.metrics.errors.inc();

@@ -25,6 +25,22 @@ pub struct IdentityKey {
     pub value: String,
 }
 
+/// A 64-bit digest of a kind and one of its keys, for compact indexes of many objects. Equal
+/// keys of one kind have equal digests, so a lookup by digest finds every candidate; a
+/// candidate is confirmed by comparing the keys themselves, so a collision never pairs two
+/// objects.
+pub type KeyDigest = u64;
+
+impl IdentityKey {
+    pub fn digest(&self, kind: &str) -> KeyDigest {
+        use std::hash::{Hash, Hasher};
+        // SipHash with fixed keys: the same digest for the same key within and across runs.
+        let mut hasher = std::hash::DefaultHasher::new();
+        (kind, &self.field, &self.value).hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
 impl fmt::Display for IdentityKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}={}", self.field, self.value)

@@ -1,11 +1,13 @@
-//! A verified snapshot's records, held for planning: every record's head (keys, names,
-//! metadata) in memory, the statuses left compressed in the payload until one is needed.
+//! A verified snapshot's records, held for planning in a few dozen bytes each: where the
+//! record is in the payload, its kind, and digests of its identity keys. The records
+//! themselves stay compressed in the payload until one is needed.
 //!
 //! A 1.2 payload is cut into zstd frames of about [`FRAME_BYTES`](super::FRAME_BYTES); a
-//! status is read by decompressing its frame (a few recently used frames are kept), so memory
-//! grows with the number of records (their heads, some 300 bytes each), not with the size of
-//! their statuses. Statuses of frames much larger than that (a 1.0/1.1 payload is one frame)
-//! are kept in memory as they are decoded: such snapshots cost what they always cost.
+//! record is read by decompressing its frame (a few recently used frames are kept, and
+//! planning reads records in payload order), so memory grows with the number of records by
+//! some 32 bytes each, not with the size of their statuses. Records of frames much larger
+//! than that (a 1.0/1.1 payload is one frame) are kept in memory as they are decoded: such
+//! snapshots cost what they always cost.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, Read};
@@ -13,34 +15,48 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use super::{FRAME_BYTES, Manifest, Record, RecordHead, verify_payload};
 use crate::Error;
+use crate::domain::identity::{IdentityKey, KeyDigest};
 
-/// Frames larger than this keep their statuses in memory when decoded.
+/// Frames larger than this keep their records in memory when decoded.
 const LARGE_FRAME: u64 = 4 * FRAME_BYTES;
-/// Decompressed frames kept for the statuses read next (records are read in payload order).
+/// Decompressed frames kept for the records read next (records are read in payload order).
 const CACHED_FRAMES: usize = 8;
 
-/// Where one record's status is.
+/// Where one record is.
 #[derive(Debug, Clone)]
-enum StatusAt {
-    /// Bytes `start..start+len` of decompressed frame `frame`.
+enum At {
+    /// Bytes `start..start+len` of decompressed frame `frame`: one JSON line.
     Frame {
         frame: u32,
         start: u32,
         len: u32,
     },
-    Held(Box<RawValue>),
+    Held(Box<Record>),
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    at: At,
+    /// Index into [`Records::kinds`].
+    kind: u16,
+    /// The end of its keys' digests in [`Records::digests`] (they start where the previous
+    /// record's end).
+    keys_end: u32,
 }
 
 /// The records of one snapshot, in payload order.
 pub struct Records {
     /// The snapshot, for errors.
     snapshot: String,
-    heads: Vec<RecordHead>,
-    statuses: Vec<StatusAt>,
+    kinds: Vec<String>,
+    slots: Vec<Slot>,
+    /// Every record's key digests, in record order.
+    digests: Vec<KeyDigest>,
     payload: Bytes,
     frames: Vec<Range<usize>>,
     cache: Mutex<VecDeque<(u32, Arc<Vec<u8>>)>>,
@@ -48,39 +64,42 @@ pub struct Records {
 
 impl std::fmt::Debug for Records {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Records").field("records", &self.heads.len()).field("frames", &self.frames.len()).finish()
+        f.debug_struct("Records").field("records", &self.slots.len()).field("frames", &self.frames.len()).finish()
     }
 }
 
 impl Records {
-    /// Records held whole in memory (a few, or in tests).
-    pub fn from_records(records: Vec<Record>) -> Self {
-        let (heads, statuses) = records.into_iter().map(|r| r.split()).map(|(h, s)| (h, StatusAt::Held(s))).unzip();
+    fn empty(snapshot: String, payload: Bytes, capacity: usize) -> Self {
         Records {
-            snapshot: "(records in memory)".into(),
-            heads,
-            statuses,
-            payload: Bytes::new(),
-            frames: vec![],
+            snapshot,
+            kinds: Vec::new(),
+            slots: Vec::with_capacity(capacity),
+            digests: Vec::with_capacity(capacity),
+            payload,
+            frames: Vec::new(),
             cache: Mutex::default(),
         }
     }
 
+    /// Records held whole in memory (a few, or in tests).
+    pub fn from_records(records: Vec<Record>) -> Self {
+        let mut out = Records::empty("(records in memory)".into(), Bytes::new(), records.len());
+        for record in records {
+            let (kind, keys_end) = out.index(&record.kind, &record.keys);
+            out.slots.push(Slot { at: At::Held(Box::new(record)), kind, keys_end });
+        }
+        out
+    }
+
     /// Verifies a payload against its manifest (size and sha256 before anything is
     /// decompressed), then decodes every frame once, never more than the manifest declares,
-    /// and keeps the record heads and where each status is.
+    /// and keeps where each record is, its kind and its keys' digests.
     pub fn decode(manifest: &Manifest, payload: Bytes) -> Result<Self, Error> {
         verify_payload(manifest, &payload)?;
         let id = &manifest.snapshot_id;
         let declared = manifest.payload.uncompressed_size;
-        let mut records = Records {
-            snapshot: id.to_string(),
-            heads: Vec::with_capacity(manifest.payload.records.min(1 << 20) as usize),
-            statuses: Vec::new(),
-            payload,
-            frames: Vec::new(),
-            cache: Mutex::default(),
-        };
+        let capacity = manifest.payload.records.min(1 << 20) as usize;
+        let mut records = Records::empty(id.to_string(), payload, capacity);
         let mut total: u64 = 0;
         let mut at = 0;
         while at < records.payload.len() {
@@ -101,10 +120,10 @@ impl Records {
                 format!("payload decompresses to {total} bytes, manifest declares {declared}"),
             ));
         }
-        if records.heads.len() as u64 != manifest.payload.records {
+        if records.slots.len() as u64 != manifest.payload.records {
             let reason = format!(
                 "payload holds {} records, manifest declares {}",
-                records.heads.len(),
+                records.slots.len(),
                 manifest.payload.records
             );
             return Err(Error::corrupt(id, reason));
@@ -112,66 +131,118 @@ impl Records {
         Ok(records)
     }
 
-    /// Reads one frame's records: heads, and where their statuses are.
+    /// Reads one frame's records: where each is, its kind and keys.
     fn add_frame(&mut self, id: &str, frame: u32, data: &[u8]) -> Result<(), Error> {
         let hold = data.len() as u64 > LARGE_FRAME;
-        let mut rest = data;
-        while !rest.is_empty() {
-            let n = self.heads.len() + 1;
-            let Some(end) = rest.iter().position(|&b| b == b'\n') else {
+        let mut start = 0;
+        while start < data.len() {
+            let n = self.slots.len() + 1;
+            let Some(len) = data[start..].iter().position(|&b| b == b'\n') else {
                 return Err(Error::corrupt(id, format!("record {n} is cut off")));
             };
-            let line = &rest[..=end];
-            let record: Record<&RawValue> = serde_json::from_slice(line)
-                .map_err(|e| Error::corrupt(id, format!("record {n} is not valid: {e}")))?;
-            let (head, status) = record.split();
-            let at = match hold {
-                true => StatusAt::Held(status.to_owned()),
-                false => {
-                    let start = status.get().as_ptr() as usize - data.as_ptr() as usize;
-                    StatusAt::Frame { frame, start: start as u32, len: status.get().len() as u32 }
-                }
-            };
-            self.heads.push(head);
-            self.statuses.push(at);
-            rest = &rest[end + 1..];
+            let line = &data[start..start + len];
+            let invalid = |e: serde_json::Error| Error::corrupt(id, format!("record {n} is not valid: {e}"));
+            if hold {
+                let record: Record = serde_json::from_slice(line).map_err(invalid)?;
+                let (kind, keys_end) = self.index(&record.kind, &record.keys);
+                self.slots.push(Slot { at: At::Held(Box::new(record)), kind, keys_end });
+            } else {
+                let record: Record<&RawValue> = serde_json::from_slice(line).map_err(invalid)?;
+                let (kind, keys_end) = self.index(&record.kind, &record.keys);
+                let at = At::Frame { frame, start: start as u32, len: len as u32 };
+                self.slots.push(Slot { at, kind, keys_end });
+            }
+            start += len + 1;
         }
         Ok(())
     }
 
+    /// Indexes the next record's kind and keys: its kind's index, and the end of its digests.
+    fn index(&mut self, kind: &str, keys: &[IdentityKey]) -> (u16, u32) {
+        let kind_index = match self.kinds.iter().position(|k| k == kind) {
+            Some(i) => i,
+            None => {
+                self.kinds.push(kind.to_string());
+                self.kinds.len() - 1
+            }
+        };
+        self.digests.extend(keys.iter().map(|k| k.digest(kind)));
+        (kind_index as u16, self.digests.len() as u32)
+    }
+
     pub fn len(&self) -> usize {
-        self.heads.len()
+        self.slots.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heads.is_empty()
+        self.slots.is_empty()
     }
 
-    pub fn heads(&self) -> &[RecordHead] {
-        &self.heads
+    /// Record `i`'s kind.
+    pub fn kind(&self, i: usize) -> Option<&str> {
+        self.slots.get(i).map(|s| self.kinds[s.kind as usize].as_str())
     }
 
-    pub fn head(&self, i: usize) -> Option<&RecordHead> {
-        self.heads.get(i)
+    /// The records of `kind`, in payload order.
+    pub fn of_kind<'a>(&'a self, kind: &str) -> impl Iterator<Item = usize> + 'a {
+        let wanted = self.kinds.iter().position(|k| k == kind);
+        (0..self.slots.len()).filter(move |&i| Some(self.slots[i].kind as usize) == wanted)
+    }
+
+    /// The digests of record `i`'s keys (of its kind), in key order: the first is its
+    /// primary key's.
+    pub fn key_digests(&self, i: usize) -> &[KeyDigest] {
+        let start = match i {
+            0 => 0,
+            _ => self.slots.get(i - 1).map_or(0, |s| s.keys_end as usize),
+        };
+        let end = self.slots.get(i).map_or(start, |s| s.keys_end as usize);
+        &self.digests[start..end]
+    }
+
+    /// Record `i` without its status, read from its frame.
+    pub fn head(&self, i: usize) -> Result<RecordHead, Error> {
+        match &self.slot(i)?.at {
+            At::Held(record) => Ok(record.clone().split().0),
+            At::Frame { .. } => {
+                let record: Record<IgnoredAny> = self.parse(i)?;
+                Ok(record.split().0)
+            }
+        }
+    }
+
+    /// Every record's head, in payload order (each frame is decompressed once).
+    pub fn heads(&self) -> impl Iterator<Item = Result<(usize, RecordHead), Error>> + '_ {
+        (0..self.len()).map(|i| self.head(i).map(|h| (i, h)))
     }
 
     /// Record `i`'s status, read from its frame.
     pub fn status(&self, i: usize) -> Result<Box<RawValue>, Error> {
-        let at = self.statuses.get(i).ok_or_else(|| self.corrupt(format!("no record {i}")))?;
-        let (frame, start, len) = match at {
-            StatusAt::Held(status) => return Ok(status.clone()),
-            StatusAt::Frame { frame, start, len } => (*frame, *start as usize, *len as usize),
-        };
-        let data = self.frame(frame)?;
-        let bytes = data.get(start..start + len).ok_or_else(|| self.corrupt(format!("record {i} is cut off")))?;
-        let text = std::str::from_utf8(bytes).map_err(|e| self.corrupt(format!("record {i}: {e}")))?;
-        RawValue::from_string(text.to_string()).map_err(|e| self.corrupt(format!("record {i}: {e}")))
+        Ok(self.record(i)?.status)
     }
 
     /// Record `i`, whole.
     pub fn record(&self, i: usize) -> Result<Record, Error> {
-        let head = self.head(i).ok_or_else(|| self.corrupt(format!("no record {i}")))?;
-        Ok(head.with_status(self.status(i)?))
+        match &self.slot(i)?.at {
+            At::Held(record) => Ok((**record).clone()),
+            At::Frame { .. } => self.parse(i),
+        }
+    }
+
+    fn slot(&self, i: usize) -> Result<&Slot, Error> {
+        self.slots.get(i).ok_or_else(|| self.corrupt(format!("no record {i}")))
+    }
+
+    /// Record `i`, parsed from its line in its frame.
+    fn parse<T: serde::de::DeserializeOwned>(&self, i: usize) -> Result<T, Error> {
+        let At::Frame { frame, start, len } = self.slot(i)?.at else {
+            return Err(self.corrupt(format!("record {i} is not in a frame")));
+        };
+        let data = self.frame(frame)?;
+        let line = data
+            .get(start as usize..(start + len) as usize)
+            .ok_or_else(|| self.corrupt(format!("record {} is cut off", i + 1)))?;
+        serde_json::from_slice(line).map_err(|e| self.corrupt(format!("record {} is not valid: {e}", i + 1)))
     }
 
     /// The decompressed frame, from the cache or decompressed again.
@@ -268,10 +339,13 @@ mod tests {
         let decoded = Records::decode(&manifest, payload).unwrap();
         assert_eq!(decoded.len(), 2000);
         for i in [0, 1, 999, 1999, 5] {
-            assert_eq!(decoded.heads()[i].name, records[i].name);
+            assert_eq!(decoded.head(i).unwrap().name, records[i].name);
+            assert_eq!(decoded.key_digests(i), [records[i].keys[0].digest("Server")]);
             assert_eq!(decoded.status(i).unwrap().get(), records[i].status.get(), "record {i}");
         }
-        assert!(decoded.statuses.iter().all(|s| matches!(s, StatusAt::Frame { .. })), "nothing held in memory");
+        assert!(decoded.slots.iter().all(|s| matches!(s.at, At::Frame { .. })), "nothing held in memory");
+        assert_eq!(decoded.of_kind("Server").count(), 2000);
+        assert_eq!(decoded.of_kind("BMC").count(), 0);
     }
 
     #[test]

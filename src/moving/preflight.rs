@@ -18,7 +18,7 @@ use serde::Serialize;
 use tracing::info;
 
 use crate::backup::{self, BackupOptions};
-use crate::domain::identity::{IdentityKey, KindProfile, Profile};
+use crate::domain::identity::{KeyDigest, KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::format::{Consistency, ObjectRef, Records};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, api_for};
@@ -76,15 +76,17 @@ pub fn evaluate(observed: &Observed) -> Vec<Blocker> {
 
 /// Live objects whose status differs from their record, or that have a status and no record.
 pub fn stale_objects(snapshot: &str, records: &Records, live: &[LiveObject]) -> Result<Vec<Blocker>> {
-    let mut by_key: HashMap<(&str, &IdentityKey), usize> = HashMap::new();
-    for (i, record) in records.heads().iter().enumerate() {
-        for key in &record.keys {
-            by_key.insert((record.kind.as_str(), key), i);
+    let mut by_key: HashMap<KeyDigest, usize> = HashMap::new();
+    for i in 0..records.len() {
+        for &digest in records.key_digests(i) {
+            by_key.insert(digest, i);
         }
     }
     let mut out = Vec::new();
     for object in live.iter().filter(|o| o.status.is_some()) {
-        let record = object.keys.iter().find_map(|k| by_key.get(&(object.kind.as_str(), k)));
+        // A digest finds the record; the keys themselves confirm it.
+        let carries = |&r: &usize, key| records.head(r).is_ok_and(|h| h.kind == object.kind && h.keys.contains(key));
+        let record = object.keys.iter().find_map(|k| by_key.get(&k.digest(&object.kind)).filter(|r| carries(r, k)));
         let reason = match record {
             None => format!("has a status and is not in snapshot {snapshot}"),
             Some(&record) => {

@@ -19,6 +19,8 @@
 //! patch of the object itself. Requests and answers stay raw JSON: restatus reads a handful
 //! of fields from each answer, never the whole object.
 
+use std::sync::OnceLock;
+
 use futures::{StreamExt, stream};
 use kube::runtime::events::{Event, EventType};
 use serde::Serialize;
@@ -72,6 +74,31 @@ pub struct Applier<'a> {
     force: bool,
     /// Told of each item applied.
     progress: ProgressHook,
+    /// The system Servers of `snapshot_records`, when the caller keeps them.
+    shared_system_servers: Option<&'a SystemServers>,
+    /// The system Servers of `snapshot_records`, read when a BMC first needs them.
+    system_servers: SystemServers,
+}
+
+/// The snapshot's metal-operator Servers named as a BMC's systems (`<bmc>-system-<n>`): the
+/// Servers a BMC waits for. Read from the records once, when a BMC first needs them.
+#[derive(Debug, Default)]
+pub struct SystemServers(OnceLock<Vec<RecordHead>>);
+
+impl SystemServers {
+    pub fn get(&self, records: &Records) -> Result<&[RecordHead]> {
+        if let Some(heads) = self.0.get() {
+            return Ok(heads);
+        }
+        let mut heads = Vec::new();
+        for r in records.of_kind("Server") {
+            let head = records.head(r)?;
+            if head.api_version.starts_with(METAL_GROUP) && head.name.contains("-system-") {
+                heads.push(head);
+            }
+        }
+        Ok(self.0.get_or_init(|| heads))
+    }
 }
 
 impl<'a> Applier<'a> {
@@ -90,7 +117,13 @@ impl<'a> Applier<'a> {
             snapshot_records: records,
             force,
             progress: ProgressHook::default(),
+            shared_system_servers: None,
+            system_servers: SystemServers::default(),
         }
+    }
+
+    fn system_servers(&self) -> Result<&[RecordHead]> {
+        self.shared_system_servers.unwrap_or(&self.system_servers).get(self.snapshot_records)
     }
 
     /// Reports each applied item to `progress` (phase `restore`, total: the writing items).
@@ -99,9 +132,11 @@ impl<'a> Applier<'a> {
         self
     }
 
-    /// Every record of the snapshot, when the applier plans with a part of them.
-    pub fn with_snapshot_records(mut self, all: &'a Records) -> Self {
+    /// Every record of the snapshot, when the applier plans with a part of them, and their
+    /// system Servers as the caller keeps them.
+    pub fn with_snapshot_records(mut self, all: &'a Records, system_servers: &'a SystemServers) -> Self {
         self.snapshot_records = all;
+        self.shared_system_servers = Some(system_servers);
         self
     }
 
@@ -396,7 +431,7 @@ impl<'a> WriteSequence<'a> {
                     }
                     _ => vec![],
                 },
-                ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.snapshot_records.heads())
+                ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.system_servers()?)
                     .into_iter()
                     .map(|name| (servers, None, name.to_string()))
                     .collect(),
@@ -608,7 +643,7 @@ mod tests {
             verdict: Verdict::Restore,
             key: Some(uuid("uuid-1").to_string()),
             target: Some(live.object_ref()),
-            source: Some(records.heads()[0].object_ref()),
+            source: Some(records.head(0).unwrap().object_ref()),
             reason: "live status is empty".into(),
             forced: false,
             changes: vec![],

@@ -10,14 +10,14 @@
 //! - `missing-on-target`: a record whose object is not on the target;
 //! - `not-in-snapshot`: a live object the snapshot has no record for.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::domain::identity::{IdentityKey, KindProfile, Profile};
+use crate::domain::identity::{IdentityKey, KeyDigest, KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use serde_json::value::RawValue;
 
@@ -153,103 +153,173 @@ pub struct PlanInput<'a> {
 }
 
 /// Builds the plan: kinds in profile order (the order to apply them in), records in payload
-/// order, then the live objects no record matched. Fails only when a record's status cannot
-/// be read back from its verified payload.
+/// order, then the live objects no record matched. Fails only when a record cannot be read
+/// back from its verified payload.
+///
+/// This is the whole of [`KindMatcher`] for live objects held in memory: one page.
 pub fn plan(input: &PlanInput<'_>) -> Result<RestorePlan> {
     let mut items = Vec::new();
     for kind in &input.profile.kinds {
-        items.extend(plan_kind(input, kind)?);
+        let live: Vec<usize> = (0..input.live.len()).filter(|&l| input.live[l].kind == kind.kind).collect();
+        let mut keys = LiveKeys::default();
+        for &l in &live {
+            keys.add(&kind.kind, &input.live[l].keys);
+        }
+        let mut matcher = KindMatcher::new(kind, input.records, &keys);
+        let mut kind_items = matcher.page(input, live.into_iter())?;
+        kind_items.extend(matcher.finish(input)?);
+        kind_items.sort_by_key(|i| (i.record.unwrap_or(usize::MAX), i.live));
+        items.extend(kind_items);
     }
     Ok(RestorePlan { snapshot: input.snapshot.clone(), items })
 }
 
+/// How many live objects of one kind carry each key, by digest: what matching a record needs
+/// to know of the objects it does not hold (a restore holds one page of them at a time).
+#[derive(Debug, Default)]
+pub struct LiveKeys {
+    counts: HashMap<KeyDigest, u32>,
+}
+
+impl LiveKeys {
+    pub fn add(&mut self, kind: &str, keys: &[IdentityKey]) {
+        for key in keys {
+            *self.counts.entry(key.digest(kind)).or_default() += 1;
+        }
+    }
+
+    fn count(&self, key: KeyDigest) -> u32 {
+        self.counts.get(&key).copied().unwrap_or(0)
+    }
+}
+
+/// Matches one kind's records to its live objects, by key, a page of live objects at a time:
+/// a record takes the first of its keys that any live object carries; that key must be
+/// carried by exactly one live object, and the record's primary key by no other record, and
+/// no other record may reach the same object through another key; otherwise the record is
+/// ambiguous. Built from the digests of every record's keys and of every live object's keys;
+/// keys are compared themselves before a record and an object are paired.
+pub struct KindMatcher<'a> {
+    kind: &'a KindProfile,
+    records: &'a Records,
+    /// Records by the key that finds one live object.
+    found: HashMap<KeyDigest, Vec<usize>>,
+    /// Records by the key that finds several live objects, and those objects as met.
+    several: HashMap<KeyDigest, (Vec<usize>, Vec<ObjectRef>)>,
+    /// Records no live object has a key of.
+    missing: Vec<usize>,
+    /// Primary keys carried by several records, and by how many.
+    shared: HashMap<KeyDigest, usize>,
+    /// Records paired with a live object (or found ambiguous with one) so far.
+    placed: HashSet<usize>,
+}
+
+impl<'a> KindMatcher<'a> {
+    pub fn new(kind: &'a KindProfile, records: &'a Records, live: &LiveKeys) -> Self {
+        let mut matcher = KindMatcher {
+            kind,
+            records,
+            found: HashMap::new(),
+            several: HashMap::new(),
+            missing: Vec::new(),
+            shared: HashMap::new(),
+            placed: HashSet::new(),
+        };
+        for r in records.of_kind(&kind.kind) {
+            let digests = records.key_digests(r);
+            if let Some(&primary) = digests.first() {
+                *matcher.shared.entry(primary).or_default() += 1;
+            }
+            match digests.iter().map(|&d| (d, live.count(d))).find(|&(_, n)| n > 0) {
+                None => matcher.missing.push(r),
+                Some((d, 1)) => matcher.found.entry(d).or_default().push(r),
+                Some((d, _)) => matcher.several.entry(d).or_default().0.push(r),
+            }
+        }
+        matcher.shared.retain(|_, n| *n > 1);
+        matcher
+    }
+
+    /// The items of a page of live objects (indexes into `input.live`, all of this kind):
+    /// each object's records, or `not-in-snapshot`. Objects that share a key several records
+    /// look for are named in those records' items, at [`KindMatcher::finish`].
+    pub fn page(&mut self, input: &PlanInput<'_>, live: impl Iterator<Item = usize>) -> Result<Vec<PlanItem>> {
+        let kind = &self.kind.kind;
+        let mut items = Vec::new();
+        for l in live {
+            let object = &input.live[l];
+            let mut claims: Vec<(usize, IdentityKey)> = Vec::new();
+            let mut accounted = false;
+            for key in &object.keys {
+                let digest = key.digest(kind);
+                if let Some((_, names)) = self.several.get_mut(&digest) {
+                    names.push(object.object_ref());
+                    accounted = true;
+                }
+                for &r in self.found.get(&digest).into_iter().flatten() {
+                    // The record must carry the key itself, not only its digest.
+                    if !claims.iter().any(|(c, _)| *c == r) && self.records.head(r)?.keys.contains(key) {
+                        claims.push((r, key.clone()));
+                    }
+                }
+            }
+            if claims.is_empty() && !accounted {
+                items.push(unmatched_item(self.kind, l, object));
+            }
+            let shared = |r: usize| self.records.key_digests(r).first().and_then(|p| self.shared.get(p)).copied();
+            let rivals = claims.iter().filter(|(r, _)| shared(*r).is_none()).count();
+            for (r, key) in claims {
+                self.placed.insert(r);
+                let m = match shared(r) {
+                    Some(records) => Match::SharedKey { key, live: l, records },
+                    None => Match::One { key, live: l, rivals },
+                };
+                items.push(record_item(input, self.kind, r, m)?);
+            }
+        }
+        Ok(items)
+    }
+
+    /// The items of the records no page placed: missing on the target (no object carries
+    /// their keys, or it went away between pages), or ambiguous because their key finds
+    /// several objects.
+    pub fn finish(self, input: &PlanInput<'_>) -> Result<Vec<PlanItem>> {
+        let mut items = Vec::new();
+        for (digest, (records, objects)) in &self.several {
+            for &r in records {
+                let head = self.records.head(r)?;
+                let key = head.keys.iter().find(|k| k.digest(&self.kind.kind) == *digest).cloned();
+                let m = match key {
+                    Some(key) if !objects.is_empty() => Match::SeveralObjects { key, objects: objects.clone() },
+                    _ => Match::Missing,
+                };
+                items.push(record_item(input, self.kind, r, m)?);
+            }
+        }
+        let unplaced = self.found.values().flatten().filter(|r| !self.placed.contains(r));
+        for &r in self.missing.iter().chain(unplaced) {
+            items.push(record_item(input, self.kind, r, Match::Missing)?);
+        }
+        Ok(items)
+    }
+}
+
 /// How one record found (or did not find) its live object.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Match<'a> {
+enum Match {
     /// No live object has any of the record's keys.
     Missing,
     /// The first of the record's keys that finds anything finds several live objects.
-    SeveralObjects { key: &'a IdentityKey, live: Vec<usize> },
+    SeveralObjects { key: IdentityKey, objects: Vec<ObjectRef> },
     /// One live object, but the record's primary key is carried by several records.
-    SharedKey { key: &'a IdentityKey, live: usize, records: usize },
-    /// Exactly one live object.
-    One { key: &'a IdentityKey, live: usize },
+    SharedKey { key: IdentityKey, live: usize, records: usize },
+    /// One live object, reached by `rivals` records (this one included) through their keys.
+    One { key: IdentityKey, live: usize, rivals: usize },
 }
 
-impl Match<'_> {
-    /// The live objects this match accounts for (they get no `not-in-snapshot` item).
-    fn live(&self) -> &[usize] {
-        match self {
-            Match::Missing => &[],
-            Match::SeveralObjects { live, .. } => live,
-            Match::SharedKey { live, .. } | Match::One { live, .. } => std::slice::from_ref(live),
-        }
-    }
-}
-
-/// One kind's items: matching first (records to live objects, by key), then a decision for
-/// each record matched to exactly one object, then the live objects nothing matched.
-fn plan_kind(input: &PlanInput<'_>, kind: &KindProfile) -> Result<Vec<PlanItem>> {
-    let heads = input.records.heads();
-    let records: Vec<usize> = (0..heads.len()).filter(|&i| heads[i].kind == kind.kind).collect();
-    let matches = match_records(input, kind, &records);
-    // Records per live object among the unique matches: two records reaching one object
-    // through different keys make both ambiguous.
-    let mut rivals: HashMap<usize, usize> = HashMap::new();
-    for (_, m) in &matches {
-        if let Match::One { live, .. } = m {
-            *rivals.entry(*live).or_default() += 1;
-        }
-    }
-    let mut matched = vec![false; input.live.len()];
-    let mut items = Vec::with_capacity(matches.len());
-    for (r, m) in &matches {
-        for &l in m.live() {
-            matched[l] = true;
-        }
-        let record_rivals = match m {
-            Match::One { live, .. } => rivals[live],
-            _ => 0,
-        };
-        items.push(record_item(input, kind, *r, m, record_rivals)?);
-    }
-    let unmatched = (0..input.live.len()).filter(|&l| input.live[l].kind == kind.kind && !matched[l]);
-    items.extend(unmatched.map(|l| unmatched_item(kind, l, &input.live[l])));
-    Ok(items)
-}
-
-/// Matches each record (by index) to the live objects by the first of its keys that finds any.
-fn match_records<'a>(input: &PlanInput<'a>, kind: &KindProfile, records: &[usize]) -> Vec<(usize, Match<'a>)> {
-    let mut by_key: HashMap<&IdentityKey, Vec<usize>> = HashMap::new();
-    for (l, object) in input.live.iter().enumerate().filter(|(_, o)| o.kind == kind.kind) {
-        for key in &object.keys {
-            by_key.entry(key).or_default().push(l);
-        }
-    }
-    let heads = input.records.heads();
-    let mut primaries: HashMap<&IdentityKey, usize> = HashMap::new();
-    for key in records.iter().filter_map(|&r| heads[r].primary_key()) {
-        *primaries.entry(key).or_default() += 1;
-    }
-    let match_one = |r: usize| {
-        let record = &heads[r];
-        let Some((key, live)) = record.keys.iter().find_map(|k| by_key.get(k).map(|ls| (k, ls))) else {
-            return Match::Missing;
-        };
-        if live.len() > 1 {
-            return Match::SeveralObjects { key, live: live.clone() };
-        }
-        match record.primary_key().map_or(1, |p| primaries[p]) {
-            1 => Match::One { key, live: live[0] },
-            records => Match::SharedKey { key, live: live[0], records },
-        }
-    };
-    records.iter().map(|&r| (r, match_one(r))).collect()
-}
-
-/// The item of record `r` given its match (`rivals`: records uniquely matching its object).
-fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: &Match<'_>, rivals: usize) -> Result<PlanItem> {
-    let record = &input.records.heads()[r];
+/// The item of record `r` given its match.
+fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: Match) -> Result<PlanItem> {
+    let record = input.records.head(r)?;
     let mut item = PlanItem {
         kind: kind.kind.clone(),
         verdict: Verdict::Ambiguous,
@@ -268,21 +338,21 @@ fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: &Match<'_
             item.verdict = Verdict::MissingOnTarget;
             item.reason = "no object on the target has any of the record's keys".into();
         }
-        Match::SeveralObjects { key, live } => {
-            let names: Vec<String> = live.iter().map(|&l| input.live[l].object_ref().to_string()).collect();
+        Match::SeveralObjects { key, objects } => {
+            let names: Vec<String> = objects.iter().map(ToString::to_string).collect();
             item.key = Some(key.to_string());
-            item.reason = format!("key {key} matches {} objects on the target: {}", live.len(), names.join(", "));
+            item.reason = format!("key {key} matches {} objects on the target: {}", objects.len(), names.join(", "));
         }
         Match::SharedKey { key, live, records } => {
             item.key = Some(key.to_string());
-            item.target = Some(input.live[*live].object_ref());
+            item.target = Some(input.live[live].object_ref());
             item.reason = format!("key {key} is carried by {records} records in the snapshot");
         }
-        Match::One { key, live } => {
-            let object = &input.live[*live];
+        Match::One { key, live, rivals } => {
+            let object = &input.live[live];
             item.key = Some(key.to_string());
             item.target = Some(object.object_ref());
-            item.live = Some(*live);
+            item.live = Some(live);
             if rivals > 1 {
                 item.reason = format!("{rivals} records of the snapshot match this object");
             } else {
