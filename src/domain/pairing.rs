@@ -98,6 +98,13 @@ impl Views {
         }
     }
 
+    /// Later views replace earlier ones.
+    pub fn extend(&mut self, views: impl IntoIterator<Item = View>) {
+        for view in views {
+            self.add(view);
+        }
+    }
+
     pub fn servers(&self) -> impl Iterator<Item = &ServerView> + Clone {
         self.servers.values()
     }
@@ -108,6 +115,19 @@ impl Views {
 
     pub fn check(&self) -> Vec<Violation> {
         check(self.servers(), self.claims())
+    }
+}
+
+impl IntoIterator for Views {
+    type Item = View;
+    type IntoIter = std::iter::Chain<
+        std::iter::Map<std::collections::btree_map::IntoValues<String, ServerView>, fn(ServerView) -> View>,
+        std::iter::Map<std::collections::btree_map::IntoValues<(String, String), ClaimView>, fn(ClaimView) -> View>,
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let servers = self.servers.into_values().map(View::Server as fn(ServerView) -> View);
+        servers.chain(self.claims.into_values().map(View::Claim as fn(ClaimView) -> View))
     }
 }
 

@@ -161,15 +161,23 @@ impl<'a> Applier<'a> {
     /// Applies one writing item (its live object is `live[item.live]`); never fails: an error
     /// is part of the outcome.
     pub async fn apply_item(&self, kind: &KindProfile, item: &PlanItem, live: &[LiveObject]) -> Outcome {
-        let Some(object) = item.live.and_then(|l| live.get(l)) else {
-            let object = item.target.clone().or_else(|| item.source.clone()).unwrap_or_else(|| ObjectRef {
-                kind: kind.kind.clone(),
-                namespace: None,
-                name: String::new(),
-            });
-            let error = Some("plan item without a live object: nothing to write".into());
-            return Outcome { object, verdict: item.verdict, writes: 0, reason: None, held: None, error, after: None };
-        };
+        match item.live.and_then(|l| live.get(l)) {
+            Some(object) => self.apply_to(kind, item, object).await,
+            None => {
+                let object = item.target.clone().or_else(|| item.source.clone()).unwrap_or_else(|| ObjectRef {
+                    kind: kind.kind.clone(),
+                    namespace: None,
+                    name: String::new(),
+                });
+                let error = Some("plan item without a live object: nothing to write".into());
+                Outcome { object, verdict: item.verdict, writes: 0, reason: None, held: None, error, after: None }
+            }
+        }
+    }
+
+    /// Applies one writing item to its live object; never fails: an error is part of the
+    /// outcome.
+    pub async fn apply_to(&self, kind: &KindProfile, item: &PlanItem, object: &LiveObject) -> Outcome {
         let mut sequence = WriteSequence::new(self, kind, object);
         let result = match item.record.map(|r| self.records.record(r)).transpose() {
             Ok(record) => sequence.run(item, record.as_ref()).await,

@@ -13,19 +13,23 @@ pub mod plan;
 
 use std::collections::BTreeMap;
 
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt, future};
 use jiff::Timestamp;
 use serde::Serialize;
 use tracing::info;
 
 pub use apply::{Applier, Outcome};
 pub use live::{LiveState, read_live};
-pub use plan::{PlanInput, RestorePlan, Verdict};
+pub use plan::{KindMatcher, LiveKeys, PlanInput, PlanItem, RestorePlan, Verdict};
 
 use crate::Result;
-use crate::domain::identity::Profile;
-use crate::domain::pairing::Violation;
+use crate::domain::identity::{KindProfile, Profile};
+use crate::domain::live::LiveObject;
+use crate::domain::pairing::{View, Views, Violation};
 use crate::format::SnapshotId;
-use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Writer};
+use crate::k8s::list::{ListPage, fetch_page, parse_item};
+use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Writer, list_objects};
 use crate::store::{Passed, SnapshotStore, choose_snapshot};
 
 #[derive(Debug, Clone)]
@@ -42,8 +46,9 @@ pub struct RestoreOptions {
     pub page_size: u32,
     /// Only objects with these labels (a Kubernetes label selector).
     pub selector: Option<String>,
-    /// List the status fields each restore changes in the plan (dry runs, JSON reports).
-    /// Keeps every live status in memory while planning.
+    /// List every object in the report, with the status fields each restore changes (dry
+    /// runs, JSON reports). Otherwise the report keeps the counts and only the items and
+    /// outcomes that need attention, so that its memory does not grow with the fleet.
     pub explain: bool,
     /// Told of each object written.
     pub progress: crate::progress::ProgressHook,
@@ -95,48 +100,162 @@ impl RestoreReport {
     }
 }
 
-/// One-shot restore: choose, plan, apply (unless dry run), verify pairing.
+/// One-shot restore: choose the snapshot, then a kind at a time in profile order (BMCs,
+/// Servers, ServerClaims): list the kind once for its keys (their digests), then again page
+/// by page, plan each page against the snapshot and write its restores while the next page
+/// is listed; then check the pairing. Memory holds the records' index, one kind's key digests,
+/// the pages and writes in flight, and what the report keeps (see [`RestoreOptions::explain`]),
+/// not the fleet.
 pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOptions) -> Result<RestoreReport> {
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), opts.allow_inconsistent).await?;
     let manifest = &loaded.manifest;
     info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), "snapshot loaded and verified");
     let started = std::time::Instant::now();
-    let live = read_live(client, &opts.profile, &opts.page(), opts.explain).await?;
-    info!(objects = live.objects.len(), elapsed = ?started.elapsed(), "target listed");
-    let plan = plan::plan(&PlanInput {
-        profile: &opts.profile,
-        snapshot: &manifest.snapshot_id,
-        snapshot_time: manifest.comparable_time(Timestamp::now()),
-        records: &loaded.records,
-        live: &live.objects,
-        force: opts.force,
-        explain: opts.explain,
-    })?;
-    let counts = plan.counts();
-    info!(writing = plan.writes(), elapsed = ?started.elapsed(), "plan built");
+    let writer = match opts.dry_run {
+        true => None,
+        false => Some(Writer::new(client, &opts.profile).await?),
+    };
+    let applier = writer.as_ref().map(|w| Applier::new(w, &opts.profile, manifest, &loaded.records, opts.force));
     let mut report = RestoreReport {
         snapshot: manifest.snapshot_id.to_string(),
         snapshot_created_at: manifest.created_at,
         passed_over: loaded.passed_over.clone(),
         dry_run: opts.dry_run,
-        counts,
+        counts: Verdict::ALL.iter().map(|v| (*v, 0)).collect(),
         outcomes: vec![],
         writes: 0,
         pairing: vec![],
-        plan,
+        plan: RestorePlan { snapshot: manifest.snapshot_id.clone(), items: vec![] },
     };
-    let mut views = live.views;
-    if !opts.dry_run {
-        let writer = Writer::new(client, &opts.profile).await?;
-        let applier = Applier::new(&writer, &opts.profile, manifest, &loaded.records, opts.force)
-            .with_progress(opts.progress.clone());
-        report.outcomes = applier.apply(&report.plan, &live.objects, opts.concurrency).await;
-        report.writes = report.outcomes.iter().map(|o| o.writes).sum();
-        info!(writes = report.writes, elapsed = ?started.elapsed(), "plan applied");
-        for after in report.outcomes.iter_mut().filter_map(|o| o.after.take()) {
-            views.add(after);
+    let mut views = Views::default();
+    let input = PlanInput {
+        profile: &opts.profile,
+        snapshot: &manifest.snapshot_id,
+        snapshot_time: manifest.comparable_time(Timestamp::now()),
+        records: &loaded.records,
+        live: &[],
+        force: opts.force,
+        explain: opts.explain,
+    };
+    opts.progress.start("restore", Some(loaded.records.len() as u64));
+    for kind in opts.profile.kinds.iter().filter(|k| !k.is_denied()) {
+        let keys = live_keys(client, kind, &opts.page()).await?;
+        let mut matcher = KindMatcher::new(kind, &loaded.records, &keys);
+        drop(keys);
+        let (tx, rx) = mpsc::channel::<(PlanItem, LiveObject)>(opts.concurrency.max(1) * 4);
+        let plan_pages = plan_pages(client, kind, opts, &input, &mut matcher, &mut report, &mut views, tx);
+        let apply = async {
+            let mut applied = Applied::default();
+            if let Some(applier) = &applier {
+                rx.map(|(item, object)| async move { (applier.apply_to(kind, &item, &object).await, item) })
+                    .buffer_unordered(opts.concurrency.max(1))
+                    .for_each(|(outcome, item)| {
+                        applied.add(outcome, &item, opts.explain);
+                        future::ready(())
+                    })
+                    .await;
+            }
+            applied
+        };
+        let (planned, applied) = tokio::join!(plan_pages, apply);
+        planned?;
+        for item in matcher.finish(&input)? {
+            report.keep(&item, opts);
         }
+        report.writes += applied.writes;
+        report.outcomes.extend(applied.outcomes);
+        views.extend(applied.views);
+        info!(kind = %kind.kind, elapsed = ?started.elapsed(), "kind restored");
     }
+    opts.progress.finish();
+    let plan = &mut report.plan.items;
+    plan.sort_by_key(|i| opts.profile.kinds.iter().position(|k| k.kind == i.kind));
+    info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done");
     report.pairing = views.check();
     Ok(report)
+}
+
+/// The digests of every key the live objects of `kind` carry, and how many carry each.
+async fn live_keys(client: &kube::Client, kind: &KindProfile, page: &PageRequest<'_>) -> Result<LiveKeys> {
+    let mut keys = LiveKeys::default();
+    list_objects(client, kind, page, |object| {
+        keys.add(&kind.kind, &kind.keys_of(object));
+        Ok(())
+    })
+    .await?;
+    Ok(keys)
+}
+
+/// Lists `kind` page by page, plans each page, keeps what the report keeps and sends each
+/// writing item with its live object to `writes` (unless a dry run).
+#[allow(clippy::too_many_arguments)]
+async fn plan_pages(
+    client: &kube::Client,
+    kind: &KindProfile,
+    opts: &RestoreOptions,
+    input: &PlanInput<'_>,
+    matcher: &mut KindMatcher<'_>,
+    report: &mut RestoreReport,
+    views: &mut Views,
+    mut writes: mpsc::Sender<(PlanItem, LiveObject)>,
+) -> Result<()> {
+    let page = opts.page();
+    let mut token: Option<String> = None;
+    loop {
+        let Some(body) = fetch_page(client, kind, &page, token.as_deref()).await? else { return Ok(()) };
+        let list = ListPage::parse(kind, &body)?;
+        let mut live = Vec::with_capacity(list.items.len());
+        for item in &list.items {
+            let object = parse_item(kind, item)?;
+            views.extend(View::of(kind, &object));
+            let object = LiveObject::from_raw(kind, &object);
+            live.push(if opts.explain { object } else { object.compact() });
+        }
+        token = list.next().map(str::to_string);
+        drop(list);
+        drop(body);
+        let items = matcher.page(&PlanInput { live: &live, ..*input }, 0..live.len())?;
+        opts.progress.advance(items.iter().filter(|i| i.record.is_some()).count() as u64);
+        for item in items {
+            report.keep(&item, opts);
+            let object = item.live.and_then(|l| live.get(l)).filter(|_| item.writes() && !opts.dry_run);
+            if let Some(object) = object.cloned() {
+                // The receiver ends only when the restore does.
+                let _ = writes.send((item, object)).await;
+            }
+        }
+        if token.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+/// What the writes of one kind left for the report.
+#[derive(Default)]
+struct Applied {
+    writes: usize,
+    outcomes: Vec<Outcome>,
+    views: Views,
+}
+
+impl Applied {
+    fn add(&mut self, mut outcome: Outcome, item: &PlanItem, explain: bool) {
+        self.writes += outcome.writes;
+        self.views.extend(outcome.after.take());
+        let notable = outcome.error.is_some() || outcome.held.is_some() || outcome.verdict != item.verdict;
+        if explain || notable {
+            self.outcomes.push(outcome);
+        }
+    }
+}
+
+impl RestoreReport {
+    /// Counts the item, and keeps it when the report lists every item ([`RestoreOptions::explain`])
+    /// or it needs attention (anything but a restore or an equal status).
+    fn keep(&mut self, item: &PlanItem, opts: &RestoreOptions) {
+        *self.counts.entry(item.verdict).or_default() += 1;
+        if opts.explain || !matches!(item.verdict, Verdict::Restore | Verdict::AlreadyEqual) {
+            self.plan.items.push(item.clone());
+        }
+    }
 }

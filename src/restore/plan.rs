@@ -269,7 +269,12 @@ impl<'a> KindMatcher<'a> {
             let shared = |r: usize| self.records.key_digests(r).first().and_then(|p| self.shared.get(p)).copied();
             let rivals = claims.iter().filter(|(r, _)| shared(*r).is_none()).count();
             for (r, key) in claims {
-                self.placed.insert(r);
+                if !self.placed.insert(r) {
+                    // Paired with an object of an earlier page already: this one was created
+                    // with the same key while the kind was listed.
+                    items.push(record_item(input, self.kind, r, Match::Taken { key, live: l })?);
+                    continue;
+                }
                 let m = match shared(r) {
                     Some(records) => Match::SharedKey { key, live: l, records },
                     None => Match::One { key, live: l, rivals },
@@ -315,6 +320,8 @@ enum Match {
     SharedKey { key: IdentityKey, live: usize, records: usize },
     /// One live object, reached by `rivals` records (this one included) through their keys.
     One { key: IdentityKey, live: usize, rivals: usize },
+    /// A second live object met with the key the record was paired by (created meanwhile).
+    Taken { key: IdentityKey, live: usize },
 }
 
 /// The item of record `r` given its match.
@@ -342,6 +349,11 @@ fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: Match) ->
             let names: Vec<String> = objects.iter().map(ToString::to_string).collect();
             item.key = Some(key.to_string());
             item.reason = format!("key {key} matches {} objects on the target: {}", objects.len(), names.join(", "));
+        }
+        Match::Taken { key, live } => {
+            item.key = Some(key.to_string());
+            item.target = Some(input.live[live].object_ref());
+            item.reason = format!("key {key} also matched another object on the target, listed earlier");
         }
         Match::SharedKey { key, live, records } => {
             item.key = Some(key.to_string());
