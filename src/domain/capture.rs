@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::value::RawValue;
 
-use crate::domain::identity::{IdentityKey, KindProfile};
+use crate::domain::identity::{IdentityKey, KeyDigest, KindProfile};
 use crate::domain::object::RawObject;
 use crate::domain::pairing::{View, Views};
 use crate::format::{
@@ -27,8 +27,9 @@ pub mod reasons {
 pub struct Collector {
     kinds: Vec<KindCount>,
     skipped: Vec<Skipped>,
-    /// First owner of each (kind, primary key), to report collisions.
-    owners: HashMap<(String, IdentityKey), ObjectRef>,
+    /// First owner (namespace, name) of each primary key, by its digest, to report
+    /// collisions: a few dozen bytes an object.
+    owners: HashMap<KeyDigest, (Option<Box<str>>, Box<str>)>,
     conflicts: BTreeMap<(String, IdentityKey), Vec<ObjectRef>>,
     /// What the consistency verdict looks at.
     views: Views,
@@ -130,13 +131,19 @@ impl Collector {
     }
 
     fn note_key(&mut self, kind: &str, key: IdentityKey, object: ObjectRef) {
-        let slot = (kind.to_string(), key);
-        match self.owners.get(&slot) {
+        let digest = key.digest(kind);
+        match self.owners.get(&digest) {
             None => {
-                self.owners.insert(slot, object);
+                let owner = (object.namespace.map(Into::into), object.name.into());
+                self.owners.insert(digest, owner);
             }
-            Some(first) => {
-                let objects = self.conflicts.entry(slot).or_insert_with(|| vec![first.clone()]);
+            Some((namespace, name)) => {
+                let first = ObjectRef {
+                    kind: kind.to_string(),
+                    namespace: namespace.as_deref().map(str::to_string),
+                    name: name.to_string(),
+                };
+                let objects = self.conflicts.entry((kind.to_string(), key)).or_insert_with(|| vec![first]);
                 objects.push(object);
             }
         }

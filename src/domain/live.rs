@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use crate::domain::annotations;
 use crate::domain::identity::{IdentityKey, KindProfile};
 use crate::domain::object::RawObject;
-use crate::format::ObjectRef;
+use crate::format::{ObjectRef, is_carried};
 
 /// What restatus knows of a live object on the target.
 #[derive(Debug, Clone)]
@@ -30,6 +30,8 @@ pub struct LiveObject {
     pub keys: Vec<IdentityKey>,
     /// The status, unless absent or null.
     pub status: Option<LiveStatus>,
+    /// restatus's own annotations and metal-operator's operation: the others are not
+    /// restatus's business (and would cost memory for every object the controller watches).
     pub annotations: BTreeMap<String, String>,
     /// When the status subresource was last written (managedFields), if known.
     pub status_written_at: Option<Timestamp>,
@@ -46,7 +48,13 @@ impl LiveObject {
             resource_version: meta.resource_version.as_deref().unwrap_or_default().to_string(),
             keys: kind.keys_of(object),
             status: object.status().map(|s| LiveStatus::new(kind, s)),
-            annotations: meta.annotations.clone().unwrap_or_default(),
+            annotations: meta
+                .annotations
+                .iter()
+                .flatten()
+                .filter(|(k, _)| is_carried(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             status_written_at: meta.status_written_at(),
         }
     }

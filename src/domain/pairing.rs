@@ -80,20 +80,70 @@ impl View {
 
 /// The pairing views of a cluster's Servers and ServerClaims, by name: a later view of an
 /// object (say, the answer to a write) replaces the earlier one.
+///
+/// Only objects that take part in a pairing are kept whole: a Reserved Server or one whose
+/// spec names a claim, a Bound claim or one whose spec names a server. Of the others, which a
+/// pairing can only name as "not Reserved" or "not Bound", the state is kept by a digest of
+/// their name: a fleet of free Servers costs a few bytes an object.
 #[derive(Debug, Clone, Default)]
 pub struct Views {
     servers: BTreeMap<String, ServerView>,
     claims: BTreeMap<(String, String), ClaimView>,
+    free_servers: HashMap<u64, u16>,
+    free_claims: HashMap<u64, u16>,
+    /// The states and phases of free objects, each once.
+    states: Vec<String>,
+}
+
+/// One side of a pair as the other side finds it.
+enum Partner<'a, V> {
+    Missing,
+    Whole(&'a V),
+    /// Takes no part in a pairing; in this state.
+    Free(&'a str),
+}
+
+fn name_digest(namespace: &str, name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    (namespace, name).hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Views {
     pub fn add(&mut self, view: View) {
         match view {
             View::Server(s) => {
-                self.servers.insert(s.name.clone(), s);
+                let digest = name_digest("", &s.name);
+                if s.state == "Reserved" || s.claim.is_some() {
+                    self.free_servers.remove(&digest);
+                    self.servers.insert(s.name.clone(), s);
+                } else {
+                    self.servers.remove(&s.name);
+                    let state = self.intern(&s.state);
+                    self.free_servers.insert(digest, state);
+                }
             }
             View::Claim(c) => {
-                self.claims.insert((c.namespace.clone(), c.name.clone()), c);
+                let digest = name_digest(&c.namespace, &c.name);
+                if c.phase == "Bound" || c.server.is_some() {
+                    self.free_claims.remove(&digest);
+                    self.claims.insert((c.namespace.clone(), c.name.clone()), c);
+                } else {
+                    self.claims.remove(&(c.namespace.clone(), c.name.clone()));
+                    let phase = self.intern(&c.phase);
+                    self.free_claims.insert(digest, phase);
+                }
+            }
+        }
+    }
+
+    fn intern(&mut self, state: &str) -> u16 {
+        match self.states.iter().position(|s| s == state) {
+            Some(i) => i as u16,
+            None => {
+                self.states.push(state.to_string());
+                (self.states.len() - 1) as u16
             }
         }
     }
@@ -105,6 +155,23 @@ impl Views {
         }
     }
 
+    /// Everything the other holds replaces what this one holds of the same objects.
+    pub fn merge(&mut self, other: Views) {
+        self.servers.retain(|name, _| !other.free_servers.contains_key(&name_digest("", name)));
+        self.claims.retain(|(ns, name), _| !other.free_claims.contains_key(&name_digest(ns, name)));
+        for (digest, state) in other.free_servers {
+            let state = self.intern(&other.states[state as usize]);
+            self.free_servers.insert(digest, state);
+        }
+        for (digest, phase) in other.free_claims {
+            let phase = self.intern(&other.states[phase as usize]);
+            self.free_claims.insert(digest, phase);
+        }
+        let (servers, claims) = (other.servers, other.claims);
+        self.extend(servers.into_values().map(View::Server).chain(claims.into_values().map(View::Claim)));
+    }
+
+    /// The Servers and claims that take part in a pairing.
     pub fn servers(&self) -> impl Iterator<Item = &ServerView> + Clone {
         self.servers.values()
     }
@@ -113,21 +180,72 @@ impl Views {
         self.claims.values()
     }
 
-    pub fn check(&self) -> Vec<Violation> {
-        check(self.servers(), self.claims())
+    fn server(&self, name: &str) -> Partner<'_, ServerView> {
+        match (self.servers.get(name), self.free_servers.get(&name_digest("", name))) {
+            (Some(server), _) => Partner::Whole(server),
+            (None, Some(&state)) => Partner::Free(&self.states[state as usize]),
+            (None, None) => Partner::Missing,
+        }
     }
-}
 
-impl IntoIterator for Views {
-    type Item = View;
-    type IntoIter = std::iter::Chain<
-        std::iter::Map<std::collections::btree_map::IntoValues<String, ServerView>, fn(ServerView) -> View>,
-        std::iter::Map<std::collections::btree_map::IntoValues<(String, String), ClaimView>, fn(ClaimView) -> View>,
-    >;
+    fn claim(&self, namespace: &str, name: &str) -> Partner<'_, ClaimView> {
+        let whole = self.claims.get(&(namespace.to_string(), name.to_string()));
+        match (whole, self.free_claims.get(&name_digest(namespace, name))) {
+            (Some(claim), _) => Partner::Whole(claim),
+            (None, Some(&phase)) => Partner::Free(&self.states[phase as usize]),
+            (None, None) => Partner::Missing,
+        }
+    }
 
-    fn into_iter(self) -> Self::IntoIter {
-        let servers = self.servers.into_values().map(View::Server as fn(ServerView) -> View);
-        servers.chain(self.claims.into_values().map(View::Claim as fn(ClaimView) -> View))
+    /// Every Bound claim whose Server is not Reserved for it, and every Reserved Server whose
+    /// claim is not Bound to it.
+    pub fn check(&self) -> Vec<Violation> {
+        let mut out = Vec::new();
+        for claim in self.claims().filter(|c| c.phase == "Bound") {
+            let object = ObjectRef {
+                kind: "ServerClaim".into(),
+                namespace: Some(claim.namespace.clone()),
+                name: claim.name.clone(),
+            };
+            let reason = match claim.server.as_deref().map(|s| (s, self.server(s))) {
+                None => Some("Bound without spec.serverRef".to_string()),
+                Some((name, Partner::Missing)) => Some(format!("Bound to Server {name}, which does not exist")),
+                Some((name, Partner::Free(state))) => {
+                    Some(format!("Bound to Server {name}, which is {state:?}, not Reserved"))
+                }
+                Some((name, Partner::Whole(server))) if server.state != "Reserved" => {
+                    Some(format!("Bound to Server {name}, which is {:?}, not Reserved", server.state))
+                }
+                Some((name, Partner::Whole(server)))
+                    if server.claim.as_ref() != Some(&(claim.namespace.clone(), claim.name.clone())) =>
+                {
+                    Some(format!("Bound to Server {name}, whose spec.serverClaimRef does not point back"))
+                }
+                Some(_) => None,
+            };
+            out.extend(reason.map(|reason| Violation { object, reason }));
+        }
+        for server in self.servers().filter(|s| s.state == "Reserved") {
+            let object = ObjectRef { kind: "Server".into(), namespace: None, name: server.name.clone() };
+            let reason = match &server.claim {
+                None => Some("Reserved without spec.serverClaimRef".to_string()),
+                Some((ns, name)) => match self.claim(ns, name) {
+                    Partner::Missing => Some(format!("Reserved for ServerClaim {ns}/{name}, which does not exist")),
+                    Partner::Free(phase) => {
+                        Some(format!("Reserved for ServerClaim {ns}/{name}, which is {phase:?}, not Bound"))
+                    }
+                    Partner::Whole(claim) if claim.phase != "Bound" => {
+                        Some(format!("Reserved for ServerClaim {ns}/{name}, which is {:?}, not Bound", claim.phase))
+                    }
+                    Partner::Whole(claim) if claim.server.as_deref() != Some(server.name.as_str()) => {
+                        Some(format!("Reserved for ServerClaim {ns}/{name}, whose spec.serverRef names another server"))
+                    }
+                    Partner::Whole(_) => None,
+                },
+            };
+            out.extend(reason.map(|reason| Violation { object, reason }));
+        }
+        out
     }
 }
 
@@ -135,55 +253,6 @@ impl IntoIterator for Views {
 pub struct Violation {
     pub object: ObjectRef,
     pub reason: String,
-}
-
-pub fn check<'a>(
-    servers: impl IntoIterator<Item = &'a ServerView> + Clone,
-    claims: impl IntoIterator<Item = &'a ClaimView> + Clone,
-) -> Vec<Violation> {
-    let by_server: HashMap<&str, &ServerView> = servers.clone().into_iter().map(|s| (s.name.as_str(), s)).collect();
-    let by_claim: HashMap<(&str, &str), &ClaimView> =
-        claims.clone().into_iter().map(|c| ((c.namespace.as_str(), c.name.as_str()), c)).collect();
-    let mut out = Vec::new();
-    for claim in claims.into_iter().filter(|c| c.phase == "Bound") {
-        let object = ObjectRef {
-            kind: "ServerClaim".into(),
-            namespace: Some(claim.namespace.clone()),
-            name: claim.name.clone(),
-        };
-        let reason = match claim.server.as_deref().map(|s| (s, by_server.get(s))) {
-            None => Some("Bound without spec.serverRef".to_string()),
-            Some((name, None)) => Some(format!("Bound to Server {name}, which does not exist")),
-            Some((name, Some(server))) if server.state != "Reserved" => {
-                Some(format!("Bound to Server {name}, which is {:?}, not Reserved", server.state))
-            }
-            Some((name, Some(server)))
-                if server.claim.as_ref() != Some(&(claim.namespace.clone(), claim.name.clone())) =>
-            {
-                Some(format!("Bound to Server {name}, whose spec.serverClaimRef does not point back"))
-            }
-            Some(_) => None,
-        };
-        out.extend(reason.map(|reason| Violation { object, reason }));
-    }
-    for server in servers.into_iter().filter(|s| s.state == "Reserved") {
-        let object = ObjectRef { kind: "Server".into(), namespace: None, name: server.name.clone() };
-        let reason = match &server.claim {
-            None => Some("Reserved without spec.serverClaimRef".to_string()),
-            Some((ns, name)) => match by_claim.get(&(ns.as_str(), name.as_str())) {
-                None => Some(format!("Reserved for ServerClaim {ns}/{name}, which does not exist")),
-                Some(claim) if claim.phase != "Bound" => {
-                    Some(format!("Reserved for ServerClaim {ns}/{name}, which is {:?}, not Bound", claim.phase))
-                }
-                Some(claim) if claim.server.as_deref() != Some(server.name.as_str()) => {
-                    Some(format!("Reserved for ServerClaim {ns}/{name}, whose spec.serverRef names another server"))
-                }
-                Some(_) => None,
-            },
-        };
-        out.extend(reason.map(|reason| Violation { object, reason }));
-    }
-    out
 }
 
 #[cfg(test)]
@@ -199,7 +268,9 @@ mod tests {
     }
 
     fn reasons(servers: &[ServerView], claims: &[ClaimView]) -> Vec<String> {
-        check(servers.iter(), claims.iter()).into_iter().map(|v| format!("{}: {}", v.object, v.reason)).collect()
+        let mut views = Views::default();
+        views.extend(servers.iter().cloned().map(View::Server).chain(claims.iter().cloned().map(View::Claim)));
+        views.check().into_iter().map(|v| format!("{}: {}", v.object, v.reason)).collect()
     }
 
     #[test]
@@ -251,6 +322,31 @@ mod tests {
         views.add(View::Server(server("s1", "Reserved", Some(("a", "c1")))));
         assert!(views.check().is_empty());
         assert_eq!(views.servers().count(), 1);
+        views.add(View::Server(server("s1", "Available", None)));
+        assert_eq!(views.servers().count(), 0, "a free Server is kept by its state alone");
+        let reasons: Vec<String> = views.check().into_iter().map(|v| v.reason).collect();
+        assert_eq!(reasons, ["Bound to Server s1, which is \"Available\", not Reserved"]);
+    }
+
+    #[test]
+    fn merged_views_replace_the_older_ones() {
+        let mut listed = Views::default();
+        listed.add(View::Server(server("s1", "", None)));
+        listed.add(View::Claim(claim("a", "c1", "", None)));
+        let mut written = Views::default();
+        written.add(View::Server(server("s1", "Reserved", Some(("a", "c1")))));
+        listed.merge(written);
+        let reasons: Vec<String> = listed.check().into_iter().map(|v| v.reason).collect();
+        assert_eq!(reasons, ["Reserved for ServerClaim a/c1, which is \"\", not Bound"]);
+        let mut bound = Views::default();
+        bound.add(View::Claim(claim("a", "c1", "Bound", Some("s1"))));
+        listed.merge(bound);
+        assert!(listed.check().is_empty());
+        let mut freed = Views::default();
+        freed.add(View::Server(server("s1", "Available", None)));
+        listed.merge(freed);
+        let reasons: Vec<String> = listed.check().into_iter().map(|v| v.reason).collect();
+        assert_eq!(reasons, ["Bound to Server s1, which is \"Available\", not Reserved"]);
     }
 
     #[test]

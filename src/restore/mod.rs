@@ -164,7 +164,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         }
         report.writes += applied.writes;
         report.outcomes.extend(applied.outcomes);
-        views.extend(applied.views);
+        views.merge(applied.views);
         info!(kind = %kind.kind, elapsed = ?started.elapsed(), "kind restored");
     }
     opts.progress.finish();

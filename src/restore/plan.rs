@@ -10,7 +10,7 @@
 //! - `missing-on-target`: a record whose object is not on the target;
 //! - `not-in-snapshot`: a live object the snapshot has no record for.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use jiff::Timestamp;
@@ -22,7 +22,7 @@ use crate::domain::live::LiveObject;
 use serde_json::value::RawValue;
 
 use crate::Result;
-use crate::format::{ObjectRef, Records, SnapshotId};
+use crate::format::{ObjectRef, Record, Records, SnapshotId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -202,16 +202,16 @@ impl LiveKeys {
 pub struct KindMatcher<'a> {
     kind: &'a KindProfile,
     records: &'a Records,
-    /// Records by the key that finds one live object.
-    found: HashMap<KeyDigest, Vec<usize>>,
+    /// (key that finds one live object, record), sorted.
+    found: Vec<(KeyDigest, u32)>,
     /// Records by the key that finds several live objects, and those objects as met.
-    several: HashMap<KeyDigest, (Vec<usize>, Vec<ObjectRef>)>,
+    several: HashMap<KeyDigest, (Vec<u32>, Vec<ObjectRef>)>,
     /// Records no live object has a key of.
-    missing: Vec<usize>,
+    missing: Vec<u32>,
     /// Primary keys carried by several records, and by how many.
     shared: HashMap<KeyDigest, usize>,
-    /// Records paired with a live object (or found ambiguous with one) so far.
-    placed: HashSet<usize>,
+    /// Per record of the snapshot: paired with a live object (or found ambiguous with one).
+    placed: Vec<bool>,
 }
 
 impl<'a> KindMatcher<'a> {
@@ -219,25 +219,34 @@ impl<'a> KindMatcher<'a> {
         let mut matcher = KindMatcher {
             kind,
             records,
-            found: HashMap::new(),
+            found: Vec::new(),
             several: HashMap::new(),
             missing: Vec::new(),
             shared: HashMap::new(),
-            placed: HashSet::new(),
+            placed: vec![false; records.len()],
         };
+        let mut primaries = Vec::new();
         for r in records.of_kind(&kind.kind) {
             let digests = records.key_digests(r);
-            if let Some(&primary) = digests.first() {
-                *matcher.shared.entry(primary).or_default() += 1;
-            }
+            primaries.extend(digests.first().copied());
             match digests.iter().map(|&d| (d, live.count(d))).find(|&(_, n)| n > 0) {
-                None => matcher.missing.push(r),
-                Some((d, 1)) => matcher.found.entry(d).or_default().push(r),
-                Some((d, _)) => matcher.several.entry(d).or_default().0.push(r),
+                None => matcher.missing.push(r as u32),
+                Some((d, 1)) => matcher.found.push((d, r as u32)),
+                Some((d, _)) => matcher.several.entry(d).or_default().0.push(r as u32),
             }
         }
-        matcher.shared.retain(|_, n| *n > 1);
+        matcher.found.sort_unstable();
+        primaries.sort_unstable();
+        for run in primaries.chunk_by(|a, b| a == b).filter(|run| run.len() > 1) {
+            matcher.shared.insert(run[0], run.len());
+        }
         matcher
+    }
+
+    /// The records whose key of this digest finds one live object.
+    fn found(&self, digest: KeyDigest) -> impl Iterator<Item = usize> + '_ {
+        let start = self.found.partition_point(|(d, _)| *d < digest);
+        self.found[start..].iter().take_while(move |(d, _)| *d == digest).map(|(_, r)| *r as usize)
     }
 
     /// The items of a page of live objects (indexes into `input.live`, all of this kind):
@@ -248,7 +257,7 @@ impl<'a> KindMatcher<'a> {
         let mut items = Vec::new();
         for l in live {
             let object = &input.live[l];
-            let mut claims: Vec<(usize, IdentityKey)> = Vec::new();
+            let mut claims: Vec<(usize, Record, IdentityKey)> = Vec::new();
             let mut accounted = false;
             for key in &object.keys {
                 let digest = key.digest(kind);
@@ -256,30 +265,32 @@ impl<'a> KindMatcher<'a> {
                     names.push(object.object_ref());
                     accounted = true;
                 }
-                for &r in self.found.get(&digest).into_iter().flatten() {
+                for r in self.found(digest) {
+                    if claims.iter().any(|(c, ..)| *c == r) {
+                        continue;
+                    }
                     // The record must carry the key itself, not only its digest.
-                    if !claims.iter().any(|(c, _)| *c == r) && self.records.head(r)?.keys.contains(key) {
-                        claims.push((r, key.clone()));
+                    let record = self.records.record(r)?;
+                    if record.keys.contains(key) {
+                        claims.push((r, record, key.clone()));
                     }
                 }
             }
             if claims.is_empty() && !accounted {
                 items.push(unmatched_item(self.kind, l, object));
             }
-            let shared = |r: usize| self.records.key_digests(r).first().and_then(|p| self.shared.get(p)).copied();
-            let rivals = claims.iter().filter(|(r, _)| shared(*r).is_none()).count();
-            for (r, key) in claims {
-                if !self.placed.insert(r) {
+            let shared = |record: &Record| record.keys.first().and_then(|p| self.shared.get(&p.digest(kind))).copied();
+            let rivals = claims.iter().filter(|(_, record, _)| shared(record).is_none()).count();
+            for (r, record, key) in claims {
+                let m = match (self.placed[r], shared(&record)) {
                     // Paired with an object of an earlier page already: this one was created
                     // with the same key while the kind was listed.
-                    items.push(record_item(input, self.kind, r, Match::Taken { key, live: l })?);
-                    continue;
-                }
-                let m = match shared(r) {
-                    Some(records) => Match::SharedKey { key, live: l, records },
-                    None => Match::One { key, live: l, rivals },
+                    (true, _) => Match::Taken { key, live: l },
+                    (false, Some(records)) => Match::SharedKey { key, live: l, records },
+                    (false, None) => Match::One { key, live: l, rivals },
                 };
-                items.push(record_item(input, self.kind, r, m)?);
+                self.placed[r] = true;
+                items.push(record_item(input, self.kind, r, record, m));
             }
         }
         Ok(items)
@@ -292,18 +303,19 @@ impl<'a> KindMatcher<'a> {
         let mut items = Vec::new();
         for (digest, (records, objects)) in &self.several {
             for &r in records {
-                let head = self.records.head(r)?;
-                let key = head.keys.iter().find(|k| k.digest(&self.kind.kind) == *digest).cloned();
+                let record = self.records.record(r as usize)?;
+                let key = record.keys.iter().find(|k| k.digest(&self.kind.kind) == *digest).cloned();
                 let m = match key {
                     Some(key) if !objects.is_empty() => Match::SeveralObjects { key, objects: objects.clone() },
                     _ => Match::Missing,
                 };
-                items.push(record_item(input, self.kind, r, m)?);
+                items.push(record_item(input, self.kind, r as usize, record, m));
             }
         }
-        let unplaced = self.found.values().flatten().filter(|r| !self.placed.contains(r));
+        let unplaced = self.found.iter().map(|(_, r)| r).filter(|&&r| !self.placed[r as usize]);
         for &r in self.missing.iter().chain(unplaced) {
-            items.push(record_item(input, self.kind, r, Match::Missing)?);
+            let record = self.records.record(r as usize)?;
+            items.push(record_item(input, self.kind, r as usize, record, Match::Missing));
         }
         Ok(items)
     }
@@ -325,8 +337,7 @@ enum Match {
 }
 
 /// The item of record `r` given its match.
-fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: Match) -> Result<PlanItem> {
-    let record = input.records.head(r)?;
+fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, record: Record, m: Match) -> PlanItem {
     let mut item = PlanItem {
         kind: kind.kind.clone(),
         verdict: Verdict::Ambiguous,
@@ -372,17 +383,16 @@ fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, m: Match) ->
                 // its status is settled (restored, equal, or moved on and its controller has
                 // state to work from).
                 item.release = object.quiesced_by_restatus();
-                let status = input.records.status(r)?;
-                let decision = decide(&status, object, input.snapshot_time, input.force);
+                let decision = decide(&record.status, object, input.snapshot_time, input.force);
                 (item.verdict, item.reason, item.forced) = (decision.verdict, decision.reason, decision.forced);
                 if input.explain && item.verdict == Verdict::Restore {
-                    let wanted: Value = serde_json::from_str(status.get()).unwrap_or(Value::Null);
+                    let wanted: Value = serde_json::from_str(record.status.get()).unwrap_or(Value::Null);
                     item.changes = diff(object.status_value().as_ref(), &wanted);
                 }
             }
         }
     }
-    Ok(item)
+    item
 }
 
 /// A live object that no record matched.
@@ -423,16 +433,15 @@ impl Decision {
 /// status that moved on is skipped.
 pub fn decide(recorded: &RawValue, object: &LiveObject, snapshot_time: Option<Timestamp>, force: bool) -> Decision {
     let equal = || Decision::new(Verdict::AlreadyEqual, "live status equals the snapshot");
-    if object.status.as_ref().is_some_and(|s| s.same_bytes(recorded)) {
+    let restore = |reason: &str| Decision::new(Verdict::Restore, reason);
+    let Some(live) = &object.status else { return restore("live status is empty") };
+    if live.same_bytes(recorded) {
         return equal();
     }
     let wanted: Value = serde_json::from_str(recorded.get()).unwrap_or(Value::Null);
-    let restore = |reason: &str| Decision::new(Verdict::Restore, reason);
-    if object.status.as_ref().is_some_and(|s| s.same_value(&wanted)) {
+    if live.same_value(&wanted) {
         equal()
-    } else if object.status.is_none() {
-        restore("live status is empty")
-    } else if object.status.as_ref().is_some_and(|s| s.is_initial()) {
+    } else if live.is_initial() {
         restore("live status is still initial")
     } else if object.status_written_at.zip(snapshot_time).is_some_and(|(t, s)| written_before(t, s)) {
         restore("live status was last written before the snapshot")
