@@ -161,8 +161,7 @@ impl Loop {
                     let now = Instant::now();
                     self.dirty.extend(self.live.held().map(|uid| (uid.clone(), now)));
                 }
-                // The index keeps the status's digests, not its JSON (see `LiveObject::compact`).
-                self.live.upsert((*object).compact());
+                self.live.upsert(*object);
             }
             Change::Delete(uid) => self.forget(&uid),
             Change::Listed { kind, uids } => {
@@ -435,8 +434,10 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
     }
 }
 
+/// The object as the index keeps it: its status as digests, not JSON (see
+/// [`LiveObject::compact`]), already here, so that what waits in the channel is small too.
 fn upsert(kind: &KindProfile, object: &kube::api::DynamicObject) -> Option<Change> {
-    LiveObject::from_dynamic(kind, object).ok().map(|o| Change::Upsert(Box::new(o)))
+    LiveObject::from_dynamic(kind, object).ok().map(|o| Change::Upsert(Box::new(o.compact())))
 }
 
 /// Why a kind cannot be watched (not served, forbidden), for the log, the metric and
