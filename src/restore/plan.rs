@@ -663,6 +663,86 @@ mod tests {
         assert_eq!(p.writes(), 0);
     }
 
+    /// Plans `live` one object a page, as a restore does, against keys counted beforehand over
+    /// `counted` (the first listing); returns (target or source name, verdict) per item.
+    fn paged(records: &[Record], counted: &[LiveObject], live: &[LiveObject]) -> Vec<(String, Verdict)> {
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let id = SnapshotId::new(ts(SNAP));
+        let records = Records::from_records(records.to_vec());
+        let mut keys = LiveKeys::default();
+        for object in counted {
+            keys.add("Server", &object.keys);
+        }
+        let input = |live| PlanInput {
+            profile: &profile,
+            snapshot: &id,
+            snapshot_time: Some(ts(SNAP)),
+            records: &records,
+            live,
+            force: false,
+            explain: false,
+        };
+        let mut matcher = KindMatcher::new(kind, &records, &keys);
+        let mut items = Vec::new();
+        for object in live {
+            items.extend(matcher.page(&input(std::slice::from_ref(object)), 0..1).unwrap());
+        }
+        items.extend(matcher.finish(&input(&[])).unwrap());
+        let name = |i: &PlanItem| i.target.as_ref().or(i.source.as_ref()).map(|o| o.name.clone()).unwrap_or_default();
+        items.iter().map(|i| (name(i), i.verdict)).collect()
+    }
+
+    #[test]
+    fn pages_are_planned_as_the_whole_kind_would_be() {
+        let (k1, k2, k3) = (key("spec.systemUUID", "u1"), key("spec.systemUUID", "u2"), key("spec.systemUUID", "u3"));
+        let records = [
+            record("Server", "s1", std::slice::from_ref(&k1), reserved()),
+            record("Server", "s2", std::slice::from_ref(&k2), reserved()),
+            record("Server", "s3", std::slice::from_ref(&k3), reserved()),
+        ];
+        // u1 is carried by two objects on different pages; u2 by one; u3 by none.
+        let live = [
+            live("Server", "a", std::slice::from_ref(&k1), None),
+            live("Server", "b", std::slice::from_ref(&k2), None),
+            live("Server", "c", &[key("spec.systemUUID", "other")], None),
+            live("Server", "d", std::slice::from_ref(&k1), None),
+        ];
+        let whole = run(&records, &live, false);
+        let mut expected: Vec<(String, Verdict)> = whole
+            .items
+            .iter()
+            .map(|i| (i.target.as_ref().or(i.source.as_ref()).unwrap().name.clone(), i.verdict))
+            .collect();
+        let mut got = paged(&records, &live, &live);
+        expected.sort();
+        got.sort();
+        assert_eq!(got, expected);
+        assert!(got.contains(&("s1".into(), Verdict::Ambiguous)), "{got:?}");
+        assert!(!got.iter().any(|(n, _)| n == "a" || n == "d"), "a and d are named in s1's item: {got:?}");
+    }
+
+    #[test]
+    fn objects_that_change_between_the_two_listings_are_never_written_twice() {
+        let k1 = key("spec.systemUUID", "u1");
+        let k2 = key("spec.systemUUID", "u2");
+        let records = [
+            record("Server", "s1", std::slice::from_ref(&k1), reserved()),
+            record("Server", "s2", std::slice::from_ref(&k2), reserved()),
+        ];
+        let counted = [
+            live("Server", "a", std::slice::from_ref(&k1), None),
+            live("Server", "b", std::slice::from_ref(&k2), None),
+        ];
+        // Meanwhile b was deleted and x created with a's key, listed after a.
+        let listed = [live("Server", "a", std::slice::from_ref(&k1), None), live("Server", "x", &[k1], None)];
+        let got = paged(&records, &counted, &listed);
+        assert_eq!(
+            got,
+            [("a".into(), Verdict::Restore), ("x".into(), Verdict::Ambiguous), ("s2".into(), Verdict::MissingOnTarget)]
+        );
+    }
+
     #[test]
     fn a_key_conflict_in_the_snapshot_is_ambiguous() {
         let k = key("spec.systemUUID", "u1");
