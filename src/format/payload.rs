@@ -9,6 +9,7 @@
 //! decompresses.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::ops::Range;
 
 use sha2::{Digest, Sha256};
 
@@ -142,54 +143,104 @@ pub fn verify_payload(manifest: &Manifest, payload: &[u8]) -> Result<(), Error> 
     Ok(())
 }
 
-/// Verifies the payload, then decompresses it, never more than the manifest declares, and
-/// hands each record to `visit` in payload order. Returns the number of records.
+/// Verifies the payload (size and sha256, before anything is decompressed), then
+/// decompresses its zstd frames in order, never more than the manifest declares in all, and
+/// hands each to `visit` with its byte range in the payload; checks at the end that they
+/// decompress to exactly the declared size. (A 1.0/1.1 payload is one frame.)
+pub(crate) fn walk_frames(
+    manifest: &Manifest,
+    payload: &[u8],
+    mut visit: impl FnMut(Range<usize>, Vec<u8>) -> Result<(), Error>,
+) -> Result<(), Error> {
+    verify_payload(manifest, payload)?;
+    let id = &manifest.snapshot_id;
+    let declared = manifest.payload.uncompressed_size;
+    let (mut total, mut at) = (0u64, 0);
+    while at < payload.len() {
+        let size = zstd::zstd_safe::find_frame_compressed_size(&payload[at..]).map_err(|code| {
+            let reason = zstd::zstd_safe::get_error_name(code);
+            Error::corrupt(id, format!("payload frame at byte {at} does not decompress: not zstd ({reason})"))
+        })?;
+        let data = decompress(id.as_str(), &payload[at..at + size], declared - total)?;
+        total += data.len() as u64;
+        visit(at..at + size, data)?;
+        at += size;
+    }
+    if total != declared {
+        return Err(Error::corrupt(id, format!("payload decompresses to {total} bytes, manifest declares {declared}")));
+    }
+    Ok(())
+}
+
+/// The records (JSON lines) of one decompressed frame, as byte ranges; `before`: records in
+/// the frames before it (for errors).
+pub(crate) fn frame_lines(id: &str, data: &[u8], before: usize) -> Result<Vec<Range<usize>>, Error> {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    while start < data.len() {
+        let Some(len) = data[start..].iter().position(|&b| b == b'\n') else {
+            return Err(Error::corrupt(id, format!("record {} is cut off", before + lines.len() + 1)));
+        };
+        lines.push(start..start + len);
+        start += len + 1;
+    }
+    Ok(lines)
+}
+
+/// The error for a payload whose record count is not the manifest's.
+pub(crate) fn check_count(manifest: &Manifest, records: u64) -> Result<(), Error> {
+    match records == manifest.payload.records {
+        true => Ok(()),
+        false => Err(Error::corrupt(
+            &manifest.snapshot_id,
+            format!("payload holds {records} records, manifest declares {}", manifest.payload.records),
+        )),
+    }
+}
+
+/// Verifies the payload, then decodes it frame by frame, never more than the manifest
+/// declares, and hands each record to `visit` in payload order. Returns the number of records.
 pub fn decode_records(
     manifest: &Manifest,
     payload: &[u8],
     mut visit: impl FnMut(Record) -> Result<(), Error>,
 ) -> Result<u64, Error> {
-    verify_payload(manifest, payload)?;
-    let id = &manifest.snapshot_id;
-    let declared = manifest.payload.uncompressed_size;
-    let decoder =
-        zstd::Decoder::with_buffer(payload).map_err(|e| Error::corrupt(id, format!("payload is not zstd: {e}")))?;
-    // One byte more than declared is enough to notice a payload that inflates past its size.
-    let mut reader = BufReader::new(decoder.take(declared.saturating_add(1)));
-    let mut line = Vec::new();
-    let mut total: u64 = 0;
-    let mut records: u64 = 0;
+    let id = manifest.snapshot_id.as_str();
+    let mut records = 0;
+    walk_frames(manifest, payload, |_, data| {
+        for line in frame_lines(id, &data, records)? {
+            records += 1;
+            let record: Record = serde_json::from_slice(&data[line])
+                .map_err(|e| Error::corrupt(id, format!("record {records} is not valid: {e}")))?;
+            visit(record)?;
+        }
+        Ok(())
+    })?;
+    check_count(manifest, records as u64)?;
+    Ok(records as u64)
+}
+
+/// Decompresses one zstd frame, at most `limit` bytes of it (one more is an error).
+pub(crate) fn decompress(id: &str, frame: &[u8], limit: u64) -> Result<Vec<u8>, Error> {
+    let decoder = zstd::Decoder::with_buffer(frame)
+        .map_err(|e| Error::corrupt(id, format!("payload is not zstd: {e}")))?
+        .single_frame();
+    let mut data = Vec::new();
+    let mut reader = BufReader::new(decoder.take(limit.saturating_add(1)));
     loop {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| Error::corrupt(id, format!("payload does not decompress: {e}")))?;
-        if n == 0 {
+        let chunk = reader.fill_buf().map_err(|e| Error::corrupt(id, format!("payload does not decompress: {e}")))?;
+        if chunk.is_empty() {
             break;
         }
-        total += n as u64;
-        if total > declared {
+        let n = chunk.len();
+        data.extend_from_slice(chunk);
+        reader.consume(n);
+        if data.len() as u64 > limit {
             return Err(Error::corrupt(
                 id,
-                format!("payload decompresses to more than the {declared} bytes its manifest declares"),
+                format!("payload decompresses to more than the {limit} bytes its manifest declares"),
             ));
         }
-        if line.last() != Some(&b'\n') {
-            return Err(Error::corrupt(id, format!("record {} is cut off", records + 1)));
-        }
-        let record: Record = serde_json::from_slice(&line)
-            .map_err(|e| Error::corrupt(id, format!("record {} is not valid: {e}", records + 1)))?;
-        records += 1;
-        visit(record)?;
     }
-    if total != declared {
-        return Err(Error::corrupt(id, format!("payload decompresses to {total} bytes, manifest declares {declared}")));
-    }
-    if records != manifest.payload.records {
-        return Err(Error::corrupt(
-            id,
-            format!("payload holds {records} records, manifest declares {}", manifest.payload.records),
-        ));
-    }
-    Ok(records)
+    Ok(data)
 }

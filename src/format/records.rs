@@ -10,7 +10,6 @@
 //! snapshots cost what they always cost.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, Read};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -18,7 +17,8 @@ use bytes::Bytes;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
-use super::{FRAME_BYTES, Manifest, Record, RecordHead, verify_payload};
+use super::payload::{check_count, decompress, frame_lines, walk_frames};
+use super::{FRAME_BYTES, Manifest, Record, RecordHead};
 use crate::Error;
 use crate::domain::identity::{IdentityKey, KeyDigest};
 
@@ -95,53 +95,26 @@ impl Records {
     /// decompressed), then decodes every frame once, never more than the manifest declares,
     /// and keeps where each record is, its kind and its keys' digests.
     pub fn decode(manifest: &Manifest, payload: Bytes) -> Result<Self, Error> {
-        verify_payload(manifest, &payload)?;
-        let id = &manifest.snapshot_id;
-        let declared = manifest.payload.uncompressed_size;
+        let id = manifest.snapshot_id.as_str();
         let capacity = manifest.payload.records.min(1 << 20) as usize;
-        let mut records = Records::empty(id.to_string(), payload, capacity);
-        let mut total: u64 = 0;
-        let mut at = 0;
-        while at < records.payload.len() {
-            let size = zstd::zstd_safe::find_frame_compressed_size(&records.payload[at..]).map_err(|code| {
-                let reason = zstd::zstd_safe::get_error_name(code);
-                Error::corrupt(id, format!("payload frame at byte {at} is not zstd: {reason}"))
-            })?;
+        let mut records = Records::empty(id.to_string(), payload.clone(), capacity);
+        walk_frames(manifest, &payload, |range, data| {
             let frame = records.frames.len() as u32;
-            let data = decompress(id.as_str(), &records.payload[at..at + size], declared - total)?;
-            total += data.len() as u64;
-            records.frames.push(at..at + size);
-            records.add_frame(id.as_str(), frame, &data)?;
-            at += size;
-        }
-        if total != declared {
-            return Err(Error::corrupt(
-                id,
-                format!("payload decompresses to {total} bytes, manifest declares {declared}"),
-            ));
-        }
-        if records.slots.len() as u64 != manifest.payload.records {
-            let reason = format!(
-                "payload holds {} records, manifest declares {}",
-                records.slots.len(),
-                manifest.payload.records
-            );
-            return Err(Error::corrupt(id, reason));
-        }
+            records.frames.push(range);
+            records.add_frame(id, frame, &data)
+        })?;
+        check_count(manifest, records.slots.len() as u64)?;
         Ok(records)
     }
 
     /// Reads one frame's records: where each is, its kind and keys.
     fn add_frame(&mut self, id: &str, frame: u32, data: &[u8]) -> Result<(), Error> {
         let hold = data.len() as u64 > LARGE_FRAME;
-        let mut start = 0;
-        while start < data.len() {
+        for line in frame_lines(id, data, self.slots.len())? {
             let n = self.slots.len() + 1;
-            let Some(len) = data[start..].iter().position(|&b| b == b'\n') else {
-                return Err(Error::corrupt(id, format!("record {n} is cut off")));
-            };
-            let line = &data[start..start + len];
             let invalid = |e: serde_json::Error| Error::corrupt(id, format!("record {n} is not valid: {e}"));
+            let at = At::Frame { frame, start: line.start as u32, len: line.len() as u32 };
+            let line = &data[line];
             if hold {
                 let record: Record = serde_json::from_slice(line).map_err(invalid)?;
                 let (kind, keys_end) = self.index(&record.kind, &record.keys);
@@ -149,10 +122,8 @@ impl Records {
             } else {
                 let record: Record<&RawValue> = serde_json::from_slice(line).map_err(invalid)?;
                 let (kind, keys_end) = self.index(&record.kind, &record.keys);
-                let at = At::Frame { frame, start: start as u32, len: len as u32 };
                 self.slots.push(Slot { at, kind, keys_end });
             }
-            start += len + 1;
         }
         Ok(())
     }
@@ -266,31 +237,6 @@ impl Records {
     fn corrupt(&self, reason: String) -> Error {
         Error::corrupt(&self.snapshot, reason)
     }
-}
-
-/// Decompresses one zstd frame, at most `limit` bytes of it (one more is an error).
-fn decompress(id: &str, frame: &[u8], limit: u64) -> Result<Vec<u8>, Error> {
-    let decoder = zstd::Decoder::with_buffer(frame)
-        .map_err(|e| Error::corrupt(id, format!("payload is not zstd: {e}")))?
-        .single_frame();
-    let mut data = Vec::new();
-    let mut reader = std::io::BufReader::new(decoder.take(limit.saturating_add(1)));
-    loop {
-        let chunk = reader.fill_buf().map_err(|e| Error::corrupt(id, format!("payload does not decompress: {e}")))?;
-        if chunk.is_empty() {
-            break;
-        }
-        let n = chunk.len();
-        data.extend_from_slice(chunk);
-        reader.consume(n);
-        if data.len() as u64 > limit {
-            return Err(Error::corrupt(
-                id,
-                format!("payload decompresses to more than the {limit} bytes its manifest declares"),
-            ));
-        }
-    }
-    Ok(data)
 }
 
 #[cfg(test)]
