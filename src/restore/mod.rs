@@ -116,7 +116,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         false => Some(Writer::new(client, &opts.profile).await?),
     };
     let applier = writer.as_ref().map(|w| Applier::new(w, &opts.profile, manifest, &loaded.records, opts.force));
-    let mut report = RestoreReport {
+    let report = RestoreReport {
         snapshot: manifest.snapshot_id.to_string(),
         snapshot_created_at: manifest.created_at,
         passed_over: loaded.passed_over.clone(),
@@ -127,7 +127,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         pairing: vec![],
         plan: RestorePlan { snapshot: manifest.snapshot_id.clone(), items: vec![] },
     };
-    let mut views = Views::default();
+    let mut tally = Tally { report, views: Views::default() };
     let input = PlanInput {
         profile: &opts.profile,
         snapshot: &manifest.snapshot_id,
@@ -143,7 +143,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         let mut matcher = KindMatcher::new(kind, &loaded.records, &keys);
         drop(keys);
         let (tx, rx) = mpsc::channel::<(PlanItem, LiveObject)>(opts.concurrency.max(1) * 4);
-        let plan_pages = plan_pages(client, kind, opts, &input, &mut matcher, &mut report, &mut views, tx);
+        let plan_pages = plan_pages(client, kind, opts, &input, &mut matcher, &mut tally, tx);
         let apply = async {
             let mut applied = Applied::default();
             if let Some(applier) = &applier {
@@ -160,16 +160,15 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         let (planned, applied) = tokio::join!(plan_pages, apply);
         planned?;
         for item in matcher.finish(&input)? {
-            report.keep(&item, opts);
+            tally.keep(&item, opts);
         }
-        report.writes += applied.writes;
-        report.outcomes.extend(applied.outcomes);
-        views.merge(applied.views);
+        tally.report.writes += applied.writes;
+        tally.report.outcomes.extend(applied.outcomes);
+        tally.views.merge(applied.views);
         info!(kind = %kind.kind, elapsed = ?started.elapsed(), "kind restored");
     }
     opts.progress.finish();
-    let plan = &mut report.plan.items;
-    plan.sort_by_key(|i| opts.profile.kinds.iter().position(|k| k.kind == i.kind));
+    let Tally { mut report, views } = tally;
     info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done");
     report.pairing = views.check();
     Ok(report)
@@ -186,17 +185,15 @@ async fn live_keys(client: &kube::Client, kind: &KindProfile, page: &PageRequest
     Ok(keys)
 }
 
-/// Lists `kind` page by page, plans each page, keeps what the report keeps and sends each
-/// writing item with its live object to `writes` (unless a dry run).
-#[allow(clippy::too_many_arguments)]
+/// Lists `kind` page by page, plans each page, tallies it and sends each writing item with
+/// its live object to `writes` (unless a dry run).
 async fn plan_pages(
     client: &kube::Client,
     kind: &KindProfile,
     opts: &RestoreOptions,
     input: &PlanInput<'_>,
     matcher: &mut KindMatcher<'_>,
-    report: &mut RestoreReport,
-    views: &mut Views,
+    tally: &mut Tally,
     mut writes: mpsc::Sender<(PlanItem, LiveObject)>,
 ) -> Result<()> {
     let page = opts.page();
@@ -207,7 +204,7 @@ async fn plan_pages(
         let mut live = Vec::with_capacity(list.items.len());
         for item in &list.items {
             let object = parse_item(kind, item)?;
-            views.extend(View::of(kind, &object));
+            tally.views.extend(View::of(kind, &object));
             let object = LiveObject::from_raw(kind, &object);
             live.push(if opts.explain { object } else { object.compact() });
         }
@@ -217,7 +214,7 @@ async fn plan_pages(
         let items = matcher.page(&PlanInput { live: &live, ..*input }, 0..live.len())?;
         opts.progress.advance(items.iter().filter(|i| i.record.is_some()).count() as u64);
         for item in items {
-            report.keep(&item, opts);
+            tally.keep(&item, opts);
             let object = item.live.and_then(|l| live.get(l)).filter(|_| item.writes() && !opts.dry_run);
             if let Some(object) = object.cloned() {
                 // The receiver ends only when the restore does.
@@ -249,13 +246,19 @@ impl Applied {
     }
 }
 
-impl RestoreReport {
+/// The report as the pages come in, and the pairing views of the objects listed.
+struct Tally {
+    report: RestoreReport,
+    views: Views,
+}
+
+impl Tally {
     /// Counts the item, and keeps it when the report lists every item ([`RestoreOptions::explain`])
     /// or it needs attention (anything but a restore or an equal status).
     fn keep(&mut self, item: &PlanItem, opts: &RestoreOptions) {
-        *self.counts.entry(item.verdict).or_default() += 1;
+        *self.report.counts.entry(item.verdict).or_default() += 1;
         if opts.explain || !matches!(item.verdict, Verdict::Restore | Verdict::AlreadyEqual) {
-            self.plan.items.push(item.clone());
+            self.report.plan.items.push(item.clone());
         }
     }
 }
