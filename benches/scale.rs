@@ -185,9 +185,35 @@ async fn main() {
     if let [(n0, .., r0, _, _), .., (n1, .., r1, _, _)] = rows.as_slice() {
         let per_record = (*r1 as f64 - *r0 as f64) * 1024.0 / (*n1 as f64 - *n0 as f64);
         println!("restore: {per_record:.0} bytes of peak RSS per record between {n0} and {n1}");
+        if *n1 < 100_000 {
+            println!(
+                "restore, extrapolated to 100k records: {:.1} MiB",
+                (*r1 as f64 * 1024.0 + per_record * (100_000.0 - *n1 as f64)) / 1024.0 / 1024.0
+            );
+        }
+    }
+    // Issue 12's goals: restore peak RSS at 100k against 10k (<= 1.5), backup / bare LIST and
+    // backup RSS at 100k.
+    if let (Some(near10k), Some(largest)) =
+        (rows.iter().min_by_key(|r| r.0.abs_diff(10_000)), rows.iter().max_by_key(|r| r.0))
+        && largest.0 != near10k.0
+    {
         println!(
-            "restore, extrapolated to 100k records: {:.1} MiB",
-            (*r1 as f64 * 1024.0 + per_record * (100_000.0 - *n1 as f64)) / 1024.0 / 1024.0
+            "restore peak RSS, {} records / {} records: {:.1} MiB / {:.1} MiB = {:.2}",
+            largest.0,
+            near10k.0,
+            largest.5 as f64 / 1024.0,
+            near10k.5 as f64 / 1024.0,
+            largest.5 as f64 / near10k.5 as f64
+        );
+    }
+    if let Some((n, backup, list, backup_rss, ..)) = rows.iter().max_by_key(|r| r.0) {
+        println!(
+            "backup, {n} Servers: {:.1} s / bare LIST {:.1} s = {:.3}, peak RSS {:.1} MiB",
+            backup.as_secs_f64(),
+            list.as_secs_f64(),
+            backup.as_secs_f64() / list.as_secs_f64(),
+            *backup_rss as f64 / 1024.0
         );
     }
     println!(
