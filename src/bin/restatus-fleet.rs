@@ -84,6 +84,8 @@ async fn main() -> Result<()> {
             started.elapsed(),
             loaded.existing
         );
+        let took = fleet::etcd::wait_listed(&client, &spec, std::time::Duration::from_secs(3600)).await?;
+        eprintln!("the API server lists them after {took:.1?}");
     }
     // The rest of the fleet through the API.
     let total = if via_etcd { spec.total() - spec.servers } else { spec.total() };
