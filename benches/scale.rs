@@ -5,14 +5,17 @@
 //! that snapshot onto the same objects (every status already equal: the whole read, verify,
 //! list and plan path, no writes), and at the largest size the restore controller's RSS,
 //! sampled every second, while it holds every object and record through three new snapshots.
-//! Per-record costs are the differences between sizes.
+//! Per-record costs are the differences between sizes. The Servers are written straight into
+//! the source's etcd (`restatus::fleet::etcd`, bench-only), each size's increment just before
+//! that size is measured.
 
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use restatus::domain::identity::Profile;
-use restatus::fleet::FLEET_LABEL;
+use restatus::fleet::etcd::{EtcdTarget, load_servers, wait_listed};
+use restatus::fleet::{FLEET_LABEL, FleetSpec};
 use restatus::k8s::PageRequest;
 use restatus::k8s::list::{ListPage, fetch_page};
 
@@ -109,10 +112,30 @@ async fn main() {
     let client = restatus::k8s::client(Some(Path::new(&source)), None).await.unwrap();
     let storage = format!("s3://{bucket}/scale");
     let stamp = jiff::Timestamp::now().as_second();
+    let etcd = EtcdTarget { url: env("RESTATUS_ETCD_SOURCE"), prefix: "/registry".into(), managed_fields: true };
     let mut rows = Vec::new();
     let mut fleets = Vec::new();
     for (i, &n) in sizes.iter().enumerate() {
         fleets.push(format!("scale{}", i + 1));
+        // The fleet grows to n Servers only now, so that the cluster holds no more Servers than
+        // are measured: a paginated LIST with a selector is read from etcd, and its last page
+        // would otherwise scan every Server of the larger fleets (at 100k in etcd, a page of
+        // the 10k fleet ran into the API server's 60 s request timeout).
+        let previous = i.checked_sub(1).map_or(0, |p| sizes[p]);
+        let spec = FleetSpec::new(fleets.last().unwrap(), n - previous, 0, 0);
+        let started = Instant::now();
+        let loaded = load_servers(&etcd, &spec, 8).await.unwrap();
+        let wrote = started.elapsed();
+        let listed = wait_listed(&client, &spec, Duration::from_secs(3600)).await.unwrap();
+        println!(
+            "fleet {}: {} Servers ({:.1} MiB) written into etcd in {:.1} s ({} there already); listed by the API server {:.1} s later",
+            spec.name,
+            loaded.written,
+            loaded.bytes as f64 / 1048576.0,
+            wrote.as_secs_f64(),
+            loaded.existing,
+            listed.as_secs_f64()
+        );
         let selector = format!("{FLEET_LABEL} in ({})", fleets.join(","));
         let cluster = format!("scale-{n}-{stamp}");
         let servers_only = ["--kubeconfig", source.as_str(), "--selector", selector.as_str()];
@@ -185,9 +208,35 @@ async fn main() {
     if let [(n0, .., r0, _, _), .., (n1, .., r1, _, _)] = rows.as_slice() {
         let per_record = (*r1 as f64 - *r0 as f64) * 1024.0 / (*n1 as f64 - *n0 as f64);
         println!("restore: {per_record:.0} bytes of peak RSS per record between {n0} and {n1}");
+        if *n1 < 100_000 {
+            println!(
+                "restore, extrapolated to 100k records: {:.1} MiB",
+                (*r1 as f64 * 1024.0 + per_record * (100_000.0 - *n1 as f64)) / 1024.0 / 1024.0
+            );
+        }
+    }
+    // Issue 12's goals: restore peak RSS at 100k against 10k (<= 1.5), backup / bare LIST and
+    // backup RSS at 100k.
+    if let (Some(near10k), Some(largest)) =
+        (rows.iter().min_by_key(|r| r.0.abs_diff(10_000)), rows.iter().max_by_key(|r| r.0))
+        && largest.0 != near10k.0
+    {
         println!(
-            "restore, extrapolated to 100k records: {:.1} MiB",
-            (*r1 as f64 * 1024.0 + per_record * (100_000.0 - *n1 as f64)) / 1024.0 / 1024.0
+            "restore peak RSS, {} records / {} records: {:.1} MiB / {:.1} MiB = {:.2}",
+            largest.0,
+            near10k.0,
+            largest.5 as f64 / 1024.0,
+            near10k.5 as f64 / 1024.0,
+            largest.5 as f64 / near10k.5 as f64
+        );
+    }
+    if let Some((n, backup, list, backup_rss, ..)) = rows.iter().max_by_key(|r| r.0) {
+        println!(
+            "backup, {n} Servers: {:.1} s / bare LIST {:.1} s = {:.3}, peak RSS {:.1} MiB",
+            backup.as_secs_f64(),
+            list.as_secs_f64(),
+            backup.as_secs_f64() / list.as_secs_f64(),
+            *backup_rss as f64 / 1024.0
         );
     }
     println!(

@@ -6,6 +6,7 @@ mod bed;
 mod chart;
 mod cli;
 mod controller;
+mod fleet;
 mod metrics;
 mod moving;
 mod operator;

@@ -13,6 +13,8 @@ use crate::domain::identity::{KindProfile, Profile};
 use crate::k8s::api_for;
 use crate::{Error, Result};
 
+pub mod etcd;
+
 /// Label on every sample object, naming its fleet.
 pub const FLEET_LABEL: &str = "restatus.ironcore.dev/sample-fleet";
 
@@ -52,6 +54,17 @@ impl FleetSpec {
     /// do not share keys.
     fn seed(&self) -> u64 {
         self.name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    }
+
+    /// Adds the fleet's extra labels and, if quiesced, restatus's `ignore` to an object.
+    fn decorate(&self, object: &mut Value) {
+        if self.quiesced {
+            object["metadata"]["annotations"] =
+                json!({OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: crate::TOOL_NAME});
+        }
+        for (key, value) in &self.labels {
+            object["metadata"]["labels"][key] = json!(value);
+        }
     }
 
     pub fn total(&self) -> usize {
@@ -262,6 +275,11 @@ fn bmc_ip(i: usize) -> String {
 /// subresource. `concurrency` requests are in flight at once. Objects that exist already keep
 /// their spec and get the fleet's status again, so creating a fleet twice is harmless.
 pub async fn create(client: &kube::Client, spec: &FleetSpec, concurrency: usize) -> Result<()> {
+    create_kinds(client, spec, concurrency, true).await
+}
+
+/// [`create`], the Servers only if `servers` (false: they were loaded by [`etcd::load_servers`]).
+pub async fn create_kinds(client: &kube::Client, spec: &FleetSpec, concurrency: usize, servers: bool) -> Result<()> {
     let profile = Profile::metal_operator();
     for ns in &spec.namespaces {
         ensure_namespace(client, ns).await?;
@@ -269,18 +287,12 @@ pub async fn create(client: &kube::Client, spec: &FleetSpec, concurrency: usize)
     let kind = |name: &str| profile.kind(name).cloned().expect("built-in kind");
     let mut work: Vec<(KindProfile, Value, Value)> = Vec::with_capacity(spec.total());
     work.extend((0..spec.bmcs).map(|i| spec.bmc(i)).map(|(o, s)| (kind("BMC"), o, s)));
-    work.extend((0..spec.servers).map(|i| spec.server(i)).map(|(o, s)| (kind("Server"), o, s)));
-    work.extend((0..spec.claims).map(|i| spec.claim(i)).map(|(o, s)| (kind("ServerClaim"), o, s)));
-    if spec.quiesced {
-        for (_, object, _) in &mut work {
-            object["metadata"]["annotations"] =
-                json!({OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: crate::TOOL_NAME});
-        }
+    if servers {
+        work.extend((0..spec.servers).map(|i| spec.server(i)).map(|(o, s)| (kind("Server"), o, s)));
     }
+    work.extend((0..spec.claims).map(|i| spec.claim(i)).map(|(o, s)| (kind("ServerClaim"), o, s)));
     for (_, object, _) in &mut work {
-        for (key, value) in &spec.labels {
-            object["metadata"]["labels"][key] = json!(value);
-        }
+        spec.decorate(object);
     }
     stream::iter(work)
         .map(|(kind, object, status)| create_with_status(client, kind, object, spec.with_status.then_some(status)))
