@@ -137,4 +137,10 @@ impl Error {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }
     }
+
+    /// A paginated LIST outlived its continue token (410 Gone: the API server compacted its
+    /// storage meanwhile, every 5 minutes by default); listing again from the start works.
+    pub fn is_expired_list(&self) -> bool {
+        matches!(self, Error::Kube { source: kube::Error::Api(status), .. } if status.code == 410)
+    }
 }

@@ -71,6 +71,11 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
                 if let Err(abort) = upload.abort().await {
                     warn!(snapshot = %id, error = %abort, "could not abort the payload upload; retention removes it later");
                 }
+                if e.is_expired_list() && attempt < opts.capture_attempts {
+                    warn!(attempt, error = %e, "a LIST outlived its continue token; capturing again");
+                    attempt += 1;
+                    continue;
+                }
                 return Err(e);
             }
         };

@@ -11,13 +11,13 @@ pub mod apply;
 pub mod live;
 pub mod plan;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, future};
 use jiff::Timestamp;
 use serde::Serialize;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use apply::{Applier, Outcome};
 pub use live::{LiveState, read_live};
@@ -26,6 +26,7 @@ pub use plan::{KindMatcher, LiveKeys, PlanInput, PlanItem, RestorePlan, Verdict}
 use crate::Result;
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
+use crate::domain::object::RawObject;
 use crate::domain::pairing::{View, Views, Violation};
 use crate::format::SnapshotId;
 use crate::k8s::list::{ListPage, fetch_page, parse_item};
@@ -174,15 +175,28 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
     Ok(report)
 }
 
+/// Listings restarted after their continue token expired, at most.
+const LIST_RESTARTS: usize = 3;
+
 /// The digests of every key the live objects of `kind` carry, and how many carry each.
 async fn live_keys(client: &kube::Client, kind: &KindProfile, page: &PageRequest<'_>) -> Result<LiveKeys> {
-    let mut keys = LiveKeys::default();
-    list_objects(client, kind, page, |object| {
-        keys.add(&kind.kind, &kind.keys_of(object));
-        Ok(())
-    })
-    .await?;
-    Ok(keys)
+    let mut restarts = 0;
+    loop {
+        let mut keys = LiveKeys::default();
+        let listed = list_objects(client, kind, page, |object| {
+            keys.add(&kind.kind, &kind.keys_of(object));
+            Ok(())
+        })
+        .await;
+        match listed {
+            Ok(_) => return Ok(keys),
+            Err(e) if e.is_expired_list() && restarts < LIST_RESTARTS => {
+                warn!(kind = %kind.kind, error = %e, "listing outlived its continue token; listing again");
+                restarts += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Lists `kind` page by page, plans each page, tallies it and sends each writing item with
@@ -198,12 +212,27 @@ async fn plan_pages(
 ) -> Result<()> {
     let page = opts.page();
     let mut token: Option<String> = None;
+    // A listing slowed down by the writes can outlive its continue token: it then starts
+    // again, past the objects it handled already (by uid).
+    let (mut handled, mut restarts) = (HashSet::new(), 0);
     loop {
-        let Some(body) = fetch_page(client, kind, &page, token.as_deref()).await? else { return Ok(()) };
+        let body = match fetch_page(client, kind, &page, token.as_deref()).await {
+            Ok(Some(body)) => body,
+            Ok(None) => return Ok(()),
+            Err(e) if e.is_expired_list() && restarts < LIST_RESTARTS => {
+                warn!(kind = %kind.kind, error = %e, handled = handled.len(), "listing outlived its continue token; listing again");
+                (token, restarts) = (None, restarts + 1);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let list = ListPage::parse(kind, &body)?;
         let mut live = Vec::with_capacity(list.items.len());
         for item in &list.items {
             let object = parse_item(kind, item)?;
+            if object.meta.uid.is_some() && !handled.insert(uid_digest(&object)) {
+                continue;
+            }
             tally.views.extend(View::of(kind, &object));
             let object = LiveObject::from_raw(kind, &object);
             live.push(if opts.explain { object } else { object.compact() });
@@ -225,6 +254,13 @@ async fn plan_pages(
             return Ok(());
         }
     }
+}
+
+fn uid_digest(object: &RawObject<'_>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    object.meta.uid.as_deref().unwrap_or_default().hash(&mut hasher);
+    hasher.finish()
 }
 
 /// What the writes of one kind left for the report.
@@ -260,5 +296,101 @@ impl Tally {
         if opts.explain || !matches!(item.verdict, Verdict::Restore | Verdict::AlreadyEqual) {
             self.report.plan.items.push(item.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::api::{self, answer};
+    use crate::fixtures::{SNAPSHOT_TIME, manifest, record, ts, uuid};
+    use crate::format::Records;
+    use http::StatusCode;
+    use serde_json::json;
+
+    fn server(name: &str) -> serde_json::Value {
+        json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+               "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"},
+               "spec": {"systemUUID": format!("uuid-{name}")}})
+    }
+
+    fn page(names: &[&str], next: &str) -> String {
+        let items: Vec<_> = names.iter().map(|n| server(n)).collect();
+        json!({"kind": "ServerList", "metadata": {"continue": next}, "items": items}).to_string()
+    }
+
+    fn expired() -> String {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+               "message": "The provided continue parameter is too old to display a consistent list result."})
+        .to_string()
+    }
+
+    /// The API server lists a, b; expires the continue token; then lists a, b and c.
+    async fn list_with_an_expired_token(mut api: api::Handle) {
+        answer(&mut api, StatusCode::OK, page(&["a", "b"], "t1")).await;
+        answer(&mut api, StatusCode::GONE, expired()).await;
+        answer(&mut api, StatusCode::OK, page(&["a", "b"], "t2")).await;
+        answer(&mut api, StatusCode::OK, page(&["c"], "")).await;
+    }
+
+    #[tokio::test]
+    async fn a_key_count_that_outlives_its_continue_token_lists_again_from_the_start() {
+        let (client, handle) = api::client();
+        let server = tokio::spawn(list_with_an_expired_token(handle));
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let keys = live_keys(&client, kind, &PageRequest { size: 2, ..Default::default() }).await.unwrap();
+        server.await.unwrap();
+        for name in ["a", "b", "c"] {
+            assert_eq!(keys.count(uuid(&format!("uuid-{name}")).digest("Server")), 1, "{name} counted once");
+        }
+    }
+
+    #[tokio::test]
+    async fn pages_listed_again_after_an_expired_token_plan_each_object_once() {
+        let (client, handle) = api::client();
+        let server = tokio::spawn(list_with_an_expired_token(handle));
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let records = Records::from_records(
+            ["a", "b", "c"]
+                .iter()
+                .map(|n| record("Server", n, &[uuid(&format!("uuid-{n}"))], json!({"state": "Available"})))
+                .collect(),
+        );
+        let id = SnapshotId::new(ts(SNAPSHOT_TIME));
+        let opts = RestoreOptions { dry_run: true, page_size: 2, ..RestoreOptions::new(profile.clone()) };
+        let input = PlanInput {
+            profile: &profile,
+            snapshot: &id,
+            snapshot_time: Some(ts(SNAPSHOT_TIME)),
+            records: &records,
+            live: &[],
+            force: false,
+            explain: false,
+        };
+        let mut keys = LiveKeys::default();
+        for n in ["a", "b", "c"] {
+            keys.add("Server", &[uuid(&format!("uuid-{n}"))]);
+        }
+        let mut matcher = KindMatcher::new(kind, &records, &keys);
+        let at = ts(SNAPSHOT_TIME);
+        let report = RestoreReport {
+            snapshot: id.to_string(),
+            snapshot_created_at: at,
+            passed_over: vec![],
+            dry_run: true,
+            plan: RestorePlan { snapshot: manifest(id.clone(), at).snapshot_id, items: vec![] },
+            counts: BTreeMap::new(),
+            outcomes: vec![],
+            writes: 0,
+            pairing: vec![],
+        };
+        let mut tally = Tally { report, views: Views::default() };
+        let (tx, _rx) = mpsc::channel(1);
+        plan_pages(&client, kind, &opts, &input, &mut matcher, &mut tally, tx).await.unwrap();
+        server.await.unwrap();
+        assert!(matcher.finish(&input).unwrap().is_empty(), "every record found its object");
+        assert_eq!(tally.report.counts.get(&Verdict::Restore), Some(&3), "{:?}", tally.report.counts);
     }
 }

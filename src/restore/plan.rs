@@ -188,7 +188,7 @@ impl LiveKeys {
         }
     }
 
-    fn count(&self, key: KeyDigest) -> u32 {
+    pub(crate) fn count(&self, key: KeyDigest) -> u32 {
         self.counts.get(&key).copied().unwrap_or(0)
     }
 }
