@@ -33,12 +33,17 @@ pub type KeyDigest = u64;
 
 impl IdentityKey {
     pub fn digest(&self, kind: &str) -> KeyDigest {
-        use std::hash::{Hash, Hasher};
-        // SipHash with fixed keys: the same digest for the same key within and across runs.
-        let mut hasher = std::hash::DefaultHasher::new();
-        (kind, &self.field, &self.value).hash(&mut hasher);
-        hasher.finish()
+        digest((kind, &self.field, &self.value))
     }
+}
+
+/// A 64-bit digest of a value, for compact indexes (keys, names, uids): SipHash with fixed
+/// keys, so the same value has the same digest within and across runs.
+pub fn digest(value: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::hash::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl fmt::Display for IdentityKey {

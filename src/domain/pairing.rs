@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::domain::identity::KindProfile;
+use crate::domain::identity::{KindProfile, digest};
 use crate::domain::object::RawObject;
 use crate::format::ObjectRef;
 
@@ -104,10 +104,7 @@ enum Partner<'a, V> {
 }
 
 fn name_digest(namespace: &str, name: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::hash::DefaultHasher::new();
-    (namespace, name).hash(&mut hasher);
-    hasher.finish()
+    digest((namespace, name))
 }
 
 impl Views {

@@ -24,9 +24,8 @@ pub use live::{LiveState, read_live};
 pub use plan::{KindMatcher, LiveKeys, PlanInput, PlanItem, RestorePlan, Verdict};
 
 use crate::Result;
-use crate::domain::identity::{KindProfile, Profile};
+use crate::domain::identity::{KindProfile, Profile, digest};
 use crate::domain::live::LiveObject;
-use crate::domain::object::RawObject;
 use crate::domain::pairing::{View, Views, Violation};
 use crate::format::SnapshotId;
 use crate::k8s::list::{ListPage, fetch_page, parse_item};
@@ -230,7 +229,7 @@ async fn plan_pages(
         let mut live = Vec::with_capacity(list.items.len());
         for item in &list.items {
             let object = parse_item(kind, item)?;
-            if object.meta.uid.is_some() && !handled.insert(uid_digest(&object)) {
+            if object.meta.uid.is_some() && !handled.insert(digest(object.meta.uid.as_deref())) {
                 continue;
             }
             tally.views.extend(View::of(kind, &object));
@@ -254,13 +253,6 @@ async fn plan_pages(
             return Ok(());
         }
     }
-}
-
-fn uid_digest(object: &RawObject<'_>) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::hash::DefaultHasher::new();
-    object.meta.uid.as_deref().unwrap_or_default().hash(&mut hasher);
-    hasher.finish()
 }
 
 /// What the writes of one kind left for the report.
