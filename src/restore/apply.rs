@@ -35,7 +35,6 @@ use crate::domain::object::{self, RawObject};
 use crate::domain::pairing::{METAL_GROUP, ServerView, View};
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
 use crate::k8s::Writer;
-use crate::progress::ProgressHook;
 use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
 use crate::{Error, Result};
 
@@ -72,8 +71,6 @@ pub struct Applier<'a> {
     /// Every record of the snapshot (`records` may be a part of them), for what a BMC awaits.
     snapshot_records: &'a Records,
     force: bool,
-    /// Told of each item applied.
-    progress: ProgressHook,
     /// The system Servers of `snapshot_records`, when the caller keeps them.
     shared_system_servers: Option<&'a SystemServers>,
     /// The system Servers of `snapshot_records`, read when a BMC first needs them.
@@ -116,7 +113,6 @@ impl<'a> Applier<'a> {
             records,
             snapshot_records: records,
             force,
-            progress: ProgressHook::default(),
             shared_system_servers: None,
             system_servers: SystemServers::default(),
         }
@@ -124,12 +120,6 @@ impl<'a> Applier<'a> {
 
     fn system_servers(&self) -> Result<&[RecordHead]> {
         self.shared_system_servers.unwrap_or(&self.system_servers).get(self.snapshot_records)
-    }
-
-    /// Reports each applied item to `progress` (phase `restore`, total: the writing items).
-    pub fn with_progress(mut self, progress: ProgressHook) -> Self {
-        self.progress = progress;
-        self
     }
 
     /// Every record of the snapshot, when the applier plans with a part of them, and their
@@ -143,18 +133,15 @@ impl<'a> Applier<'a> {
     /// Applies every writing item, kind by kind in plan order, `concurrency` objects at a time.
     pub async fn apply(&self, plan: &RestorePlan, live: &[LiveObject], concurrency: usize) -> Vec<Outcome> {
         let mut outcomes = Vec::new();
-        self.progress.start("restore", Some(plan.writes() as u64));
         for kind in &self.profile.kinds {
             let items = plan.items.iter().filter(|i| i.kind == kind.kind && i.writes());
             let done: Vec<Outcome> = stream::iter(items)
                 .map(|item| self.apply_item(kind, item, live))
                 .buffer_unordered(concurrency.max(1))
-                .inspect(|_| self.progress.advance(1))
                 .collect()
                 .await;
             outcomes.extend(done);
         }
-        self.progress.finish();
         outcomes
     }
 
