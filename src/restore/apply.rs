@@ -489,9 +489,9 @@ impl<'a> WriteSequence<'a> {
 /// BMC's systems get: `<bmc>-system-<index>`.
 fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r str> {
     let prefix = format!("{bmc}-system-");
+    // `records` are metal-operator Servers already (see `SystemServers`).
     records
         .iter()
-        .filter(|r| r.kind == "Server" && r.api_version.starts_with(METAL_GROUP))
         .filter(|r| {
             r.name.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         })
