@@ -160,10 +160,10 @@ fn chart_roles_mirror_the_kustomize_folders() {
             }
         };
         let (chart_pod, kustomize_pod) = (pod(&chart), pod(&kustomize));
-        for field in ["serviceAccountName", "securityContext"] {
+        for field in ["serviceAccountName", "securityContext", "volumes"] {
             assert_eq!(chart_pod[field], kustomize_pod[field], "{role}: pod {field}");
         }
-        for field in ["securityContext", "resources"] {
+        for field in ["securityContext", "resources", "volumeMounts"] {
             assert_eq!(chart_pod["containers"][0][field], kustomize_pod["containers"][0][field], "{role}: {field}");
         }
         let kustomize_kinds: Vec<&str> = kustomize.iter().map(|o| o["kind"].as_str().unwrap()).collect();

@@ -43,7 +43,7 @@ async fn s3_create_only_put_never_replaces_an_object() {
 async fn s3_multipart_upload_of_a_payload_larger_than_a_part_reads_back_whole() {
     let store = store("s3-multipart");
     let id: restatus::format::SnapshotId = "20260101T000000.000Z-5a3f00".parse().unwrap();
-    // 20 MiB of pseudo-random bytes: three parts of the writer's 8 MiB, the last shorter.
+    // 20 MiB of pseudo-random bytes: four parts of the writer's 5 MiB.
     let mut data = Vec::with_capacity(20 << 20);
     let mut block = Sha256::digest(b"restatus").to_vec();
     while data.len() < 20 << 20 {

@@ -98,7 +98,7 @@ proptest! {
         let id = SnapshotId::new(Timestamp::now());
         let manifest = Manifest::new("c", id, Timestamp::now(), "test", empty_capture(), summary);
         let mut decoded = Vec::new();
-        let n = restatus::format::decode_records(&manifest, &payload, |r| { decoded.push(r); Ok(()) }).unwrap();
+        let n = restatus::format::decode_records(&manifest, payload.clone(), |r| { decoded.push(r); Ok(()) }).unwrap();
         prop_assert_eq!(n as usize, records.len());
         for (a, b) in records.iter().zip(&decoded) {
             prop_assert_eq!(serde_json::to_string(a).unwrap(), serde_json::to_string(b).unwrap());
@@ -324,3 +324,44 @@ trait TakeBytes: std::io::Read + Sized {
     }
 }
 impl<R: std::io::Read> TakeBytes for R {}
+
+/// Records whose statuses hardly compress: `n` of them make a payload of about 150 bytes each.
+fn noisy_records(n: usize) -> Vec<Record> {
+    use sha2::{Digest, Sha256};
+    (0..n)
+        .map(|i| {
+            let noise: Vec<String> = (0..4).map(|j| hex::encode(Sha256::digest(format!("{i}/{j}")))).collect();
+            record(i, &serde_json::json!({ "noise": noise }).to_string())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_large_payload_is_read_from_a_temporary_file_and_verified_there() {
+    let store = store("c");
+    let records = noisy_records(8000);
+    let m = write(&store, "2026-11-30T09:00:00Z", &records).await;
+    assert!(m.payload.size > restatus::store::SPILL_ABOVE, "payload of {} bytes", m.payload.size);
+    let payload = store.fetch_payload(&m).await.unwrap();
+    assert!(matches!(payload, restatus::format::Payload::Spilled(_)));
+    let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
+    assert_eq!(loaded.records.len(), 8000);
+    assert_eq!(loaded.records.status(4321).unwrap().get(), records[4321].status.get());
+
+    // Nowhere to spill: held in memory, read the same.
+    let unspillable = store.clone().with_spill_dir("/nonexistent/restatus-spill");
+    assert!(matches!(unspillable.fetch_payload(&m).await.unwrap(), restatus::format::Payload::Memory(_)));
+    let loaded = restatus::store::choose_snapshot(&unspillable, None, false).await.unwrap();
+    assert_eq!(loaded.records.status(17).unwrap().get(), records[17].status.get());
+
+    // A byte flipped in the stored payload: the spilled copy fails its sha256, and the
+    // snapshot is passed over for the previous good one.
+    let older = write(&store, "2026-11-30T08:00:00Z", &records[..10]).await;
+    let mut bytes = store.payload_bytes(&m.snapshot_id).await.unwrap().to_vec();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    replace(&store, &store.payload_path(&m.snapshot_id), bytes).await;
+    let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
+    assert_eq!(loaded.manifest.snapshot_id, older.snapshot_id);
+    assert!(loaded.passed_over[0].reason.contains("sha256"), "{:?}", loaded.passed_over);
+}

@@ -8,6 +8,7 @@ mod manifest;
 mod payload;
 mod record;
 mod records;
+mod spill;
 
 pub use id::SnapshotId;
 pub use manifest::{
@@ -17,6 +18,7 @@ pub use manifest::{
 pub use payload::{FRAME_BYTES, PayloadEncoder, PayloadSummary, decode_records, verify_payload};
 pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, RecordHead, is_carried};
 pub use records::Records;
+pub use spill::{Payload, SpillWriter};
 
 /// The major format version this build writes and reads. Readers refuse other majors.
 pub const FORMAT_MAJOR: u32 = 1;

@@ -13,6 +13,7 @@ use std::ops::Range;
 
 use sha2::{Digest, Sha256};
 
+use super::spill::Payload;
 use super::{Manifest, Record};
 use crate::Error;
 
@@ -122,23 +123,22 @@ impl PayloadEncoder {
 
 /// Checks size and sha256 of a stored payload against its manifest. Nothing is decompressed.
 pub fn verify_payload(manifest: &Manifest, payload: &[u8]) -> Result<(), Error> {
+    check_digest(manifest, payload.len() as u64, &hex::encode(Sha256::digest(payload)))
+}
+
+/// Checks a payload's measured size and sha256 against its manifest's.
+pub(crate) fn check_digest(manifest: &Manifest, size: u64, sha256: &str) -> Result<(), Error> {
     let id = &manifest.snapshot_id;
-    if payload.len() as u64 != manifest.payload.size {
+    if size != manifest.payload.size {
+        let declared = manifest.payload.size;
         return Err(Error::corrupt(
             id,
-            format!(
-                "payload has {} bytes, manifest declares {} (truncated or replaced)",
-                payload.len(),
-                manifest.payload.size
-            ),
+            format!("payload has {size} bytes, manifest declares {declared} (truncated or replaced)"),
         ));
     }
-    let actual = hex::encode(Sha256::digest(payload));
-    if !actual.eq_ignore_ascii_case(&manifest.payload.sha256) {
-        return Err(Error::corrupt(
-            id,
-            format!("payload sha256 is {actual}, manifest declares {}", manifest.payload.sha256),
-        ));
+    if !sha256.eq_ignore_ascii_case(&manifest.payload.sha256) {
+        let declared = &manifest.payload.sha256;
+        return Err(Error::corrupt(id, format!("payload sha256 is {sha256}, manifest declares {declared}")));
     }
     Ok(())
 }
@@ -149,19 +149,17 @@ pub fn verify_payload(manifest: &Manifest, payload: &[u8]) -> Result<(), Error> 
 /// decompress to exactly the declared size. (A 1.0/1.1 payload is one frame.)
 pub(crate) fn walk_frames(
     manifest: &Manifest,
-    payload: &[u8],
-    mut visit: impl FnMut(Range<usize>, Vec<u8>) -> Result<(), Error>,
+    payload: &Payload,
+    mut visit: impl FnMut(Range<u64>, Vec<u8>) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    verify_payload(manifest, payload)?;
+    payload.verify(manifest)?;
     let id = &manifest.snapshot_id;
     let declared = manifest.payload.uncompressed_size;
-    let (mut total, mut at) = (0u64, 0);
+    let (mut total, mut at) = (0u64, 0u64);
     while at < payload.len() {
-        let size = zstd::zstd_safe::find_frame_compressed_size(&payload[at..]).map_err(|code| {
-            let reason = zstd::zstd_safe::get_error_name(code);
-            Error::corrupt(id, format!("payload frame at byte {at} does not decompress: not zstd ({reason})"))
-        })?;
-        let data = decompress(id.as_str(), &payload[at..at + size], declared - total)?;
+        let frame = next_frame(id.as_str(), payload, at)?;
+        let size = frame.len() as u64;
+        let data = decompress(id.as_str(), &frame, declared - total)?;
         total += data.len() as u64;
         visit(at..at + size, data)?;
         at += size;
@@ -170,6 +168,36 @@ pub(crate) fn walk_frames(
         return Err(Error::corrupt(id, format!("payload decompresses to {total} bytes, manifest declares {declared}")));
     }
     Ok(())
+}
+
+/// The compressed zstd frame that starts at byte `at`. A spilled payload is read in windows
+/// that grow until the frame fits (a 1.2 frame is some tens of KiB; older payloads are one
+/// frame).
+fn next_frame<'a>(id: &str, payload: &'a Payload, at: u64) -> Result<std::borrow::Cow<'a, [u8]>, Error> {
+    let mut window = 256 << 10;
+    loop {
+        let end = at.saturating_add(window).min(payload.len());
+        let bytes = payload.read(at..end).map_err(|e| Error::io(format!("read payload of snapshot {id}"), e))?;
+        match zstd::zstd_safe::find_frame_compressed_size(&bytes) {
+            Ok(size) => {
+                return Ok(match bytes {
+                    std::borrow::Cow::Borrowed(b) => std::borrow::Cow::Borrowed(&b[..size]),
+                    std::borrow::Cow::Owned(mut b) => {
+                        b.truncate(size);
+                        std::borrow::Cow::Owned(b)
+                    }
+                });
+            }
+            Err(_) if end < payload.len() => window = window.saturating_mul(4),
+            Err(code) => {
+                let reason = zstd::zstd_safe::get_error_name(code);
+                return Err(Error::corrupt(
+                    id,
+                    format!("payload frame at byte {at} does not decompress: not zstd ({reason})"),
+                ));
+            }
+        }
+    }
 }
 
 /// The records (JSON lines) of one decompressed frame, as byte ranges; `before`: records in
@@ -202,12 +230,12 @@ pub(crate) fn check_count(manifest: &Manifest, records: u64) -> Result<(), Error
 /// declares, and hands each record to `visit` in payload order. Returns the number of records.
 pub fn decode_records(
     manifest: &Manifest,
-    payload: &[u8],
+    payload: impl Into<Payload>,
     mut visit: impl FnMut(Record) -> Result<(), Error>,
 ) -> Result<u64, Error> {
     let id = manifest.snapshot_id.as_str();
     let mut records = 0;
-    walk_frames(manifest, payload, |_, data| {
+    walk_frames(manifest, &payload.into(), |_, data| {
         for line in frame_lines(id, &data, records)? {
             records += 1;
             let record: Record = serde_json::from_slice(&data[line])

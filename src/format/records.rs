@@ -13,14 +13,15 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 
 use super::payload::{check_count, decompress, frame_lines, walk_frames};
+use super::spill::Payload;
 use super::{FRAME_BYTES, Manifest, Record, RecordHead};
 use crate::Error;
 use crate::domain::identity::{IdentityKey, KeyDigest};
+use crate::domain::intern;
 
 /// Frames larger than this keep their records in memory when decoded.
 const LARGE_FRAME: u64 = 4 * FRAME_BYTES;
@@ -57,8 +58,8 @@ pub struct Records {
     slots: Vec<Slot>,
     /// Every record's key digests, in record order.
     digests: Vec<KeyDigest>,
-    payload: Bytes,
-    frames: Vec<Range<usize>>,
+    payload: Payload,
+    frames: Vec<Range<u64>>,
     cache: Mutex<VecDeque<(u32, Arc<Vec<u8>>)>>,
 }
 
@@ -69,7 +70,7 @@ impl std::fmt::Debug for Records {
 }
 
 impl Records {
-    fn empty(snapshot: String, payload: Bytes, capacity: usize) -> Self {
+    fn empty(snapshot: String, payload: Payload, capacity: usize) -> Self {
         Records {
             snapshot,
             kinds: Vec::new(),
@@ -83,7 +84,7 @@ impl Records {
 
     /// Records held whole in memory (a few, or in tests).
     pub fn from_records(records: Vec<Record>) -> Self {
-        let mut out = Records::empty("(records in memory)".into(), Bytes::new(), records.len());
+        let mut out = Records::empty("(records in memory)".into(), Payload::Memory(Default::default()), records.len());
         for record in records {
             let (kind, keys_end) = out.index(&record.kind, &record.keys);
             out.slots.push(Slot { at: At::Held(Box::new(record)), kind, keys_end });
@@ -94,7 +95,8 @@ impl Records {
     /// Verifies a payload against its manifest (size and sha256 before anything is
     /// decompressed), then decodes every frame once, never more than the manifest declares,
     /// and keeps where each record is, its kind and its keys' digests.
-    pub fn decode(manifest: &Manifest, payload: Bytes) -> Result<Self, Error> {
+    pub fn decode(manifest: &Manifest, payload: impl Into<Payload>) -> Result<Self, Error> {
+        let payload = payload.into();
         let id = manifest.snapshot_id.as_str();
         let capacity = manifest.payload.records.min(1 << 20) as usize;
         let mut records = Records::empty(id.to_string(), payload.clone(), capacity);
@@ -130,15 +132,9 @@ impl Records {
 
     /// Indexes the next record's kind and keys: its kind's index, and the end of its digests.
     fn index(&mut self, kind: &str, keys: &[IdentityKey]) -> (u16, u32) {
-        let kind_index = match self.kinds.iter().position(|k| k == kind) {
-            Some(i) => i,
-            None => {
-                self.kinds.push(kind.to_string());
-                self.kinds.len() - 1
-            }
-        };
+        let kind_index = intern(&mut self.kinds, kind);
         self.digests.extend(keys.iter().map(|k| k.digest(kind)));
-        (kind_index as u16, self.digests.len() as u32)
+        (kind_index, self.digests.len() as u32)
     }
 
     pub fn len(&self) -> usize {
@@ -224,7 +220,11 @@ impl Records {
             return Ok(data.clone());
         }
         let range = self.frames.get(frame as usize).ok_or_else(|| self.corrupt(format!("no frame {frame}")))?;
-        let data = Arc::new(decompress(&self.snapshot, &self.payload[range.clone()], LARGE_FRAME)?);
+        let compressed = self
+            .payload
+            .read(range.clone())
+            .map_err(|e| Error::io(format!("read payload of snapshot {}", self.snapshot), e))?;
+        let data = Arc::new(decompress(&self.snapshot, &compressed, LARGE_FRAME)?);
         if let Ok(mut cache) = self.cache.lock() {
             if cache.len() == CACHED_FRAMES {
                 cache.pop_back();
@@ -244,6 +244,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{self, record, ts, uuid};
     use crate::format::{PayloadEncoder, SnapshotId, decode_records};
+    use bytes::Bytes;
     use serde_json::json;
 
     /// A manifest and payload of `n` Servers with statuses of about 1 KiB each.
@@ -323,6 +324,59 @@ mod tests {
         let decoded = Records::decode(&old, Bytes::from(payload)).unwrap();
         assert_eq!(decoded.frames.len(), 1);
         assert_eq!(decoded.status(700).unwrap().get(), records[700].status.get());
+    }
+
+    /// The same bytes, spilled to a temporary file as a restore holds a large payload.
+    fn spilled(bytes: &[u8]) -> Payload {
+        let mut writer = crate::format::SpillWriter::create(None).unwrap();
+        for chunk in bytes.chunks(64 << 10) {
+            writer.write(chunk).unwrap();
+        }
+        writer.finish().unwrap()
+    }
+
+    #[test]
+    fn a_spilled_payload_decodes_to_the_same_records_as_in_memory() {
+        let (manifest, payload, records) = snapshot(2000);
+        let decoded = Records::decode(&manifest, spilled(&payload)).unwrap();
+        assert!(matches!(decoded.payload, Payload::Spilled(_)));
+        assert_eq!(decoded.len(), 2000);
+        for i in [0, 1, 999, 1999, 5] {
+            assert_eq!(decoded.head(i).unwrap().name, records[i].name);
+            assert_eq!(decoded.status(i).unwrap().get(), records[i].status.get(), "record {i}");
+        }
+        // One frame larger than the first window a spilled payload is read in (older writers):
+        // statuses of hex digests hardly compress.
+        let noisy: Vec<Record> = (0..2000u32)
+            .map(|i| {
+                let noise: Vec<String> = (0..8u32)
+                    .map(|j| hex::encode(<sha2::Sha256 as sha2::Digest>::digest((i * 8 + j).to_le_bytes())))
+                    .collect();
+                record("Server", &format!("s{i}"), &[uuid(&format!("u{i}"))], json!({ "noise": noise }))
+            })
+            .collect();
+        let mut lines = Vec::new();
+        for r in &noisy {
+            serde_json::to_writer(&mut lines, r).unwrap();
+            lines.push(b'\n');
+        }
+        let whole = zstd::encode_all(&lines[..], 0).unwrap();
+        let one_frame = whole;
+        let mut old = manifest.clone();
+        old.payload.size = one_frame.len() as u64;
+        old.payload.uncompressed_size = lines.len() as u64;
+        old.payload.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&one_frame));
+        old.payload.frames = None;
+        assert!(one_frame.len() > 256 << 10, "larger than the first window: {}", one_frame.len());
+        let decoded = Records::decode(&old, spilled(&one_frame)).unwrap();
+        assert_eq!(decoded.frames.len(), 1);
+        assert_eq!(decoded.status(1500).unwrap().get(), noisy[1500].status.get());
+        let mut damaged = payload.to_vec();
+        damaged[payload.len() / 3] ^= 0x01;
+        let err = Records::decode(&manifest, spilled(&damaged)).unwrap_err().to_string();
+        assert!(err.contains("sha256"), "{err}");
+        let err = Records::decode(&manifest, spilled(&payload[..payload.len() - 1])).unwrap_err().to_string();
+        assert!(err.contains("truncated"), "{err}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, future};
 use jiff::Timestamp;
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use apply::{Applier, Outcome};
 pub use live::{LiveState, read_live};
@@ -162,10 +162,16 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         for item in matcher.finish(&input)? {
             tally.keep(&item, opts);
         }
+        let records = loaded.records.of_kind(&kind.kind).count();
+        match (records, applied.writes) {
+            (0, 0) => debug!(kind = %kind.kind, "no records of this kind in the snapshot"),
+            (records, writes) => {
+                info!(kind = %kind.kind, records, writes, elapsed = ?started.elapsed(), "kind restored")
+            }
+        }
         tally.report.writes += applied.writes;
         tally.report.outcomes.extend(applied.outcomes);
         tally.views.merge(applied.views);
-        info!(kind = %kind.kind, elapsed = ?started.elapsed(), "kind restored");
     }
     opts.progress.finish();
     let Tally { mut report, views } = tally;

@@ -60,7 +60,7 @@ async fn choose(
         if !manifest.is_consistent() && !allow_inconsistent {
             return Err(Error::Inconsistent { snapshot: id.to_string(), reason: inconsistent(&manifest) });
         }
-        let records = Records::decode(&manifest, store.payload(&manifest).await?)?;
+        let records = Records::decode(&manifest, store.fetch_payload(&manifest).await?)?;
         Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![] })
     };
     if let Some(id) = pinned {

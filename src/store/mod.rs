@@ -24,13 +24,16 @@ use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, RetryConfig};
+use tracing::warn;
 use url::Url;
 
 pub use choose::{Loaded, Passed, choose_newer, choose_snapshot, resolve};
 pub use retention::{Deletion, RetentionPolicy};
 
 use crate::format::Record;
-use crate::format::{MANIFEST_FILE, Manifest, PAYLOAD_FILE, SnapshotId, decode_records, verify_payload};
+use crate::format::{
+    MANIFEST_FILE, Manifest, PAYLOAD_FILE, Payload, SnapshotId, SpillWriter, decode_records, verify_payload,
+};
 use crate::{Error, Result};
 
 /// Where snapshots go when nothing is configured.
@@ -42,8 +45,14 @@ pub const MAX_MANIFEST: u64 = 16 << 20;
 /// The largest payload read unless raised (`--max-snapshot-size`): some 400k records.
 pub const DEFAULT_MAX_PAYLOAD: u64 = 1 << 30;
 
-/// Multipart part size for payload uploads; also the most a backup buffers before uploading.
-const UPLOAD_CAPACITY: usize = 8 << 20;
+/// Payloads larger than this are spilled to a temporary file when read for a restore.
+pub const SPILL_ABOVE: u64 = 1 << 20;
+
+/// Multipart part size for payload uploads (S3's smallest); also the most a backup buffers
+/// before uploading.
+const UPLOAD_CAPACITY: usize = 5 << 20;
+/// Parts uploaded at once: a backup holds at most this many parts plus the one it fills.
+const UPLOAD_PARTS_IN_FLIGHT: usize = 2;
 
 /// What a listing knows about a snapshot without reading it.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +74,8 @@ pub struct SnapshotStore {
     location: String,
     /// Payloads larger than this are refused before they are downloaded.
     max_payload: u64,
+    /// Where payloads are spilled while read; `None`: the system's (`TMPDIR`).
+    spill_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for SnapshotStore {
@@ -91,12 +102,19 @@ impl SnapshotStore {
             cluster_id: cluster_id.to_string(),
             location,
             max_payload: DEFAULT_MAX_PAYLOAD,
+            spill_dir: None,
         })
     }
 
     /// Reads payloads of up to `bytes`; larger ones fail before they are downloaded.
     pub fn with_max_payload(mut self, bytes: u64) -> Self {
         self.max_payload = bytes;
+        self
+    }
+
+    /// Spills payloads into `dir` instead of the system's temporary directory.
+    pub fn with_spill_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.spill_dir = Some(dir.into());
         self
     }
 
@@ -123,6 +141,7 @@ impl SnapshotStore {
     /// A streaming writer for a new payload: small payloads are one PUT, large ones multipart.
     pub fn payload_writer(&self, id: &SnapshotId) -> BufWriter {
         BufWriter::with_capacity(Arc::clone(&self.store), self.payload_path(id), UPLOAD_CAPACITY)
+            .with_max_concurrency(UPLOAD_PARTS_IN_FLIGHT)
     }
 
     /// Writes the manifest with a create-only PUT: it never replaces an existing one.
@@ -210,13 +229,40 @@ impl SnapshotStore {
     /// The payload's bytes, after checking the stored object's size against the manifest's
     /// and against [`SnapshotStore::max_payload`], before anything is downloaded.
     pub async fn payload(&self, manifest: &Manifest) -> Result<Bytes> {
+        self.check_payload_size(manifest).await?;
+        self.payload_bytes(&manifest.snapshot_id).await
+    }
+
+    /// The payload for reading record by record, checked as [`SnapshotStore::payload`] checks
+    /// it. One larger than [`SPILL_ABOVE`] is streamed into an unnamed temporary file (its
+    /// sha256 measured on the way), so that a restore's memory does not grow with it; where no
+    /// temporary file can be made, it is held in memory.
+    pub async fn fetch_payload(&self, manifest: &Manifest) -> Result<Payload> {
+        let size = self.check_payload_size(manifest).await?;
+        let id = &manifest.snapshot_id;
+        let spill = match size > SPILL_ABOVE {
+            true => SpillWriter::create(self.spill_dir.as_deref())
+                .inspect_err(
+                    |e| warn!(snapshot = %id, error = %e, "no temporary file for the payload; holding it in memory"),
+                )
+                .ok(),
+            false => None,
+        };
+        let Some(mut spill) = spill else { return self.payload_bytes(id).await.map(Payload::from) };
+        let read_error = |e| payload_error(id, e);
+        let spill_error = |e| Error::io(format!("spill payload of snapshot {id}"), e);
+        let mut chunks = self.store.get(&self.payload_path(id)).await.map_err(read_error)?.into_stream();
+        while let Some(chunk) = chunks.try_next().await.map_err(read_error)? {
+            spill.write(&chunk).map_err(spill_error)?;
+        }
+        spill.finish().map_err(spill_error)
+    }
+
+    /// The stored payload's size, checked against the manifest's and the limit.
+    async fn check_payload_size(&self, manifest: &Manifest) -> Result<u64> {
         let id = &manifest.snapshot_id;
         let path = self.payload_path(id);
-        let stored = match self.store.head(&path).await {
-            Ok(meta) => meta.size,
-            Err(object_store::Error::NotFound { .. }) => return Err(Error::corrupt(id, "payload is missing")),
-            Err(e) => return Err(Error::store(format!("read payload of snapshot {id}"), e)),
-        };
+        let stored = self.store.head(&path).await.map_err(|e| payload_error(id, e))?.size;
         if stored != manifest.payload.size {
             let reason = format!(
                 "payload has {stored} bytes, manifest declares {} (truncated or replaced)",
@@ -227,7 +273,7 @@ impl SnapshotStore {
         if stored > self.max_payload {
             return Err(Error::TooLarge { snapshot: id.to_string(), size: stored, limit: self.max_payload });
         }
-        self.payload_bytes(id).await
+        Ok(stored)
     }
 
     /// The payload's bytes as stored, unchecked (tests damage them).
@@ -236,10 +282,7 @@ impl SnapshotStore {
             Ok(result) => result.bytes().await,
             Err(e) => Err(e),
         };
-        result.map_err(|e| match e {
-            object_store::Error::NotFound { .. } => Error::corrupt(id, "payload is missing"),
-            e => Error::store(format!("read payload of snapshot {id}"), e),
-        })
+        result.map_err(|e| payload_error(id, e))
     }
 
     /// Reads a snapshot and checks it end to end: manifest, size, sha256, decompressed size,
@@ -271,6 +314,14 @@ impl SnapshotStore {
 
     fn describe_root(&self) -> String {
         format!("{}/{}", self.location.trim_end_matches('/'), self.cluster_id)
+    }
+}
+
+/// A failed HEAD or GET of a snapshot's payload: a missing one makes the snapshot corrupt.
+fn payload_error(id: &SnapshotId, e: object_store::Error) -> Error {
+    match e {
+        object_store::Error::NotFound { .. } => Error::corrupt(id, "payload is missing"),
+        e => Error::store(format!("read payload of snapshot {id}"), e),
     }
 }
 

@@ -89,8 +89,13 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- if or $.Values.s3.caBundle.configMap $.Values.extraVolumes }}
+{{- if or (eq $roleName "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumes }}
 volumes:
+  {{- if eq $roleName "controller" }}
+  # Snapshot payloads are spilled here while in use (the root filesystem is read-only).
+  - name: tmp
+    emptyDir: {sizeLimit: 1Gi}
+  {{- end }}
   {{- if $.Values.s3.caBundle.configMap }}
   - name: s3-ca
     configMap:
@@ -145,8 +150,11 @@ envFrom:
   - secretRef:
       name: {{ . }}
 {{- end }}
-{{- if or $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts }}
+{{- if or (eq (index . 1) "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts }}
 volumeMounts:
+  {{- if eq (index . 1) "controller" }}
+  - {name: tmp, mountPath: /tmp}
+  {{- end }}
   {{- if $.Values.s3.caBundle.configMap }}
   - name: s3-ca
     mountPath: /etc/restatus/s3-ca
