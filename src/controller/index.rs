@@ -3,11 +3,15 @@
 //! small planning input that judges it exactly as the one-shot plan would. Both indexes hold
 //! digests of keys (see [`KeyDigest`]), not the keys: planning compares the keys themselves.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use jiff::Timestamp;
 
 use crate::Result;
-use crate::domain::identity::KeyDigest;
-use crate::domain::live::LiveObject;
+use crate::domain::identity::{IdentityKey, KeyDigest};
+use crate::domain::live::{LiveObject, LiveStatus};
+use crate::domain::{annotations, intern};
 use crate::format::{Manifest, Records};
 use crate::restore::apply::SystemServers;
 
@@ -38,76 +42,182 @@ impl SnapshotIndex {
         self.by_key[start..].iter().take_while(move |(d, _)| *d == digest).map(|(_, r)| *r as usize)
     }
 
-    /// Where the first record carrying one of the object's keys is in the payload: objects
+    /// Where the first record carrying one of these key digests is in the payload: objects
     /// handled in this order read the payload's frames one after the other.
-    pub fn position(&self, object: &LiveObject) -> usize {
-        let first = |d: KeyDigest| self.with_key(d).next();
-        object.keys.iter().filter_map(|k| first(k.digest(&object.kind))).min().unwrap_or(usize::MAX)
+    pub fn position(&self, digests: impl Iterator<Item = KeyDigest>) -> usize {
+        digests.filter_map(|d| self.with_key(d).next()).min().unwrap_or(usize::MAX)
     }
 }
 
-/// Live objects by uid, and who carries which key.
+/// A live object's uid, shared by the index, its key lists and the main loop's queues.
+pub type Uid = Arc<str>;
+
+/// Live objects by uid, and who carries which key. An object is kept compact (see
+/// [`Entry`]) and made a [`LiveObject`] again only to be planned: a few hundred bytes an
+/// object, for the tens of thousands a management cluster holds.
 #[derive(Default)]
 pub struct LiveIndex {
-    pub objects: HashMap<String, LiveObject>,
-    by_key: HashMap<KeyDigest, Vec<String>>,
+    objects: HashMap<Uid, Box<Entry>>,
+    by_key: HashMap<KeyDigest, Vec<Uid>>,
+    /// Kinds and key fields, interned: entries hold their index.
+    kinds: Vec<String>,
+    fields: Vec<String>,
+}
+
+/// A [`LiveObject`] as the index keeps it: kind and key fields interned, strings boxed, the
+/// status as digests (it is compacted).
+struct Entry {
+    kind: u16,
+    namespace: Option<Box<str>>,
+    name: Box<str>,
+    resource_version: Box<str>,
+    /// (key field, value).
+    keys: Box<[(u16, Box<str>)]>,
+    status: Option<LiveStatus>,
+    annotations: BTreeMap<String, String>,
+    status_written_at: Option<Timestamp>,
 }
 
 impl LiveIndex {
-    pub fn upsert(&mut self, object: LiveObject) {
+    /// Adds or replaces an object; returns its uid as the index shares it.
+    pub fn upsert(&mut self, object: LiveObject) -> Uid {
         self.remove(&object.uid);
-        for key in &object.keys {
-            self.by_key.entry(key.digest(&object.kind)).or_default().push(object.uid.clone());
+        let uid: Uid = object.uid.into();
+        let kind = intern(&mut self.kinds, &object.kind);
+        let keys: Box<[(u16, Box<str>)]> =
+            object.keys.into_iter().map(|k| (intern(&mut self.fields, &k.field), k.value.into_boxed_str())).collect();
+        let entry = Entry {
+            kind,
+            namespace: object.namespace.map(String::into_boxed_str),
+            name: object.name.into_boxed_str(),
+            resource_version: object.resource_version.into_boxed_str(),
+            keys,
+            status: object.status.map(LiveStatus::compact),
+            annotations: object.annotations,
+            status_written_at: object.status_written_at,
+        };
+        let digests: Vec<KeyDigest> = self.digests(&entry).collect();
+        for digest in digests {
+            self.by_key.entry(digest).or_default().push(uid.clone());
         }
-        self.objects.insert(object.uid.clone(), object);
+        self.objects.insert(uid.clone(), Box::new(entry));
+        uid
+    }
+
+    pub fn remove(&mut self, uid: &str) {
+        let Some(old) = self.objects.remove(uid) else { return };
+        let digests: Vec<KeyDigest> = self.digests(&old).collect();
+        for digest in digests {
+            if let Some(uids) = self.by_key.get_mut(&digest) {
+                uids.retain(|u| &**u != uid);
+                if uids.is_empty() {
+                    self.by_key.remove(&digest);
+                }
+            }
+        }
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.objects.contains_key(uid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Every object's uid.
+    pub fn uids(&self) -> impl Iterator<Item = &Uid> {
+        self.objects.keys()
+    }
+
+    /// The index's own handle of a uid.
+    pub fn uid(&self, uid: &str) -> Option<Uid> {
+        self.objects.get_key_value(uid).map(|(uid, _)| uid.clone())
+    }
+
+    /// The object's kind.
+    pub fn kind_of(&self, uid: &str) -> Option<&str> {
+        self.objects.get(uid).map(|e| &*self.kinds[e.kind as usize])
     }
 
     /// BMCs and Servers that still carry restatus's `ignore`: restored, maybe waiting for
     /// their Servers or claim.
-    pub fn held(&self) -> impl Iterator<Item = &String> {
-        let waits = |o: &&LiveObject| matches!(o.kind.as_str(), "BMC" | "Server") && o.quiesced_by_restatus();
-        self.objects.values().filter(waits).map(|o| &o.uid)
+    pub fn held(&self) -> impl Iterator<Item = &Uid> {
+        let waits = |e: &Entry| matches!(&*self.kinds[e.kind as usize], "BMC" | "Server") && quiesced(e);
+        self.objects.iter().filter(move |(_, e)| waits(e)).map(|(uid, _)| uid)
+    }
+
+    /// Objects that carry restatus's `ignore`.
+    pub fn quiesced(&self) -> usize {
+        self.objects.values().filter(|e| quiesced(e)).count()
     }
 
     /// The uids of the live objects of `kind`.
     pub fn uids_of(&self, kind: &str) -> Vec<String> {
-        self.objects.values().filter(|o| o.kind == kind).map(|o| o.uid.clone()).collect()
+        let Some(kind) = self.kinds.iter().position(|k| k == kind) else { return vec![] };
+        self.objects.iter().filter(|(_, e)| e.kind as usize == kind).map(|(uid, _)| uid.to_string()).collect()
     }
 
-    pub fn remove(&mut self, uid: &str) {
-        if let Some(old) = self.objects.remove(uid) {
-            for key in &old.keys {
-                let digest = key.digest(&old.kind);
-                if let Some(uids) = self.by_key.get_mut(&digest) {
-                    uids.retain(|u| u != uid);
-                    if uids.is_empty() {
-                        self.by_key.remove(&digest);
-                    }
-                }
-            }
-        }
+    /// The object as planning reads it.
+    pub fn get(&self, uid: &str) -> Option<LiveObject> {
+        let (uid, e) = self.objects.get_key_value(uid)?;
+        let kind = self.kinds[e.kind as usize].to_string();
+        let keys = e
+            .keys
+            .iter()
+            .map(|(f, v)| IdentityKey { field: self.fields[*f as usize].to_string(), value: v.to_string() });
+        Some(LiveObject {
+            kind,
+            namespace: e.namespace.as_deref().map(str::to_string),
+            name: e.name.to_string(),
+            uid: uid.to_string(),
+            resource_version: e.resource_version.to_string(),
+            keys: keys.collect(),
+            status: e.status.clone(),
+            annotations: e.annotations.clone(),
+            status_written_at: e.status_written_at,
+        })
+    }
+
+    /// Where the first record carrying one of the object's keys is in the payload (see
+    /// [`SnapshotIndex::position`]).
+    pub fn position(&self, uid: &str, snapshot: &SnapshotIndex) -> usize {
+        self.objects.get(uid).map_or(usize::MAX, |e| snapshot.position(self.digests(e)))
+    }
+
+    /// The digests of an entry's keys.
+    fn digests<'a>(&'a self, e: &'a Entry) -> impl Iterator<Item = KeyDigest> + 'a {
+        let kind = &*self.kinds[e.kind as usize];
+        e.keys.iter().map(move |(f, v)| IdentityKey::digest_of(kind, &self.fields[*f as usize], v))
     }
 
     /// The planning input for one object: its candidate records, every record sharing their
     /// primary keys, and every live object sharing any of those records' keys. `None` for an
     /// object the index does not hold.
     pub fn neighbourhood(&self, uid: &str, snapshot: &SnapshotIndex) -> Option<Result<(Records, Vec<LiveObject>)>> {
-        let object = self.objects.get(uid)?;
-        let digests = object.keys.iter().map(|k| k.digest(&object.kind));
-        let mut records: BTreeSet<usize> = digests.flat_map(|d| snapshot.with_key(d)).collect();
+        let (uid, entry) = self.objects.get_key_value(uid)?;
+        let mut records: BTreeSet<usize> = self.digests(entry).flat_map(|d| snapshot.with_key(d)).collect();
         let primaries: Vec<KeyDigest> =
             records.iter().filter_map(|&r| snapshot.records.key_digests(r).first().copied()).collect();
         records.extend(primaries.into_iter().flat_map(|d| snapshot.with_key(d)));
-        let mut uids: BTreeSet<&String> = BTreeSet::from([&object.uid]);
+        let mut uids: BTreeSet<&Uid> = BTreeSet::from([uid]);
         for &r in &records {
             for digest in snapshot.records.key_digests(r) {
                 uids.extend(self.by_key.get(digest).into_iter().flatten());
             }
         }
-        let live = uids.into_iter().filter_map(|u| self.objects.get(u).cloned()).collect();
+        let live = uids.into_iter().filter_map(|u| self.get(u)).collect();
         let records = records.into_iter().map(|r| snapshot.records.record(r)).collect::<Result<Vec<_>>>();
         Some(records.map(|records| (Records::from_records(records), live)))
     }
+}
+
+fn quiesced(e: &Entry) -> bool {
+    annotations::quiesced_by_restatus(&e.annotations)
 }
 
 #[cfg(test)]
@@ -146,6 +256,22 @@ mod tests {
         let mut uids: Vec<_> = objects.iter().map(|o| o.uid.as_str()).collect();
         uids.sort();
         assert_eq!(uids, ["a", "b"], "b shares the key and makes the match ambiguous");
+    }
+
+    #[test]
+    fn an_indexed_object_comes_back_as_it_went_in_without_its_status_json() {
+        let mut object = fixtures::live("ServerClaim", "c", &[key("k1"), key("k2")], Some(json!({"phase": "Bound"})));
+        object.namespace = Some("ns".into());
+        object.annotations.insert("metal.ironcore.dev/operation".into(), "ignore".into());
+        object.status_written_at = Some(ts(SNAPSHOT_TIME));
+        let mut index = LiveIndex::default();
+        index.upsert(fixtures::live("Server", "s", &[key("k3")], None));
+        let uid = index.upsert(object.clone());
+        assert_eq!(&*uid, "c");
+        assert_eq!(index.kind_of("c"), Some("ServerClaim"));
+        assert_eq!(format!("{:?}", index.get("c").unwrap()), format!("{:?}", object.compact()));
+        assert_eq!(index.uids_of("ServerClaim"), ["c"]);
+        assert_eq!(index.len(), 2);
     }
 
     #[test]

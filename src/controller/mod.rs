@@ -36,7 +36,7 @@ use crate::restore::Applier;
 use crate::restore::plan::{self, PlanInput, Verdict};
 use crate::store::{SnapshotStore, choose_newer, choose_snapshot};
 use crate::{Error, Result};
-use index::{LiveIndex, SnapshotIndex};
+use index::{LiveIndex, SnapshotIndex, Uid};
 use metrics::Metrics;
 use retry::{FIRST_RETRY, Retries};
 
@@ -144,7 +144,7 @@ struct Loop {
     kinds: Vec<KindProfile>,
     live: LiveIndex,
     /// Objects to reconcile, with when they were first seen dirty.
-    dirty: HashMap<String, Instant>,
+    dirty: HashMap<Uid, Instant>,
     retries: Retries,
     /// Kinds listed at least once.
     listed: HashSet<String>,
@@ -154,14 +154,14 @@ impl Loop {
     fn apply(&mut self, ctx: &Context, change: Change) {
         match change {
             Change::Upsert(object) => {
-                self.dirty.entry(object.uid.clone()).or_insert_with(Instant::now);
                 // An object restatus keeps ignored may be waiting for this one.
                 let partner = matches!(object.kind.as_str(), "Server" | "ServerClaim");
-                if partner && !self.live.objects.contains_key(&object.uid) {
+                if partner && !self.live.contains(&object.uid) {
                     let now = Instant::now();
                     self.dirty.extend(self.live.held().map(|uid| (uid.clone(), now)));
                 }
-                self.live.upsert(*object);
+                let uid = self.live.upsert(*object);
+                self.dirty.entry(uid).or_insert_with(Instant::now);
             }
             Change::Delete(uid) => self.forget(&uid),
             Change::Listed { kind, uids } => {
@@ -195,13 +195,13 @@ impl Loop {
             match failed {
                 true => {
                     let wait = self.retries.failed(&uid, Instant::now());
-                    debug!(uid, ?wait, "restore failed; retrying after a backoff");
+                    debug!(uid = &*uid, ?wait, "restore failed; retrying after a backoff");
                 }
                 false => self.retries.settled(&uid),
             }
         }
         ctx.metrics.retrying.set(self.retries.len() as i64);
-        ctx.metrics.quiesced.set(self.live.objects.values().filter(|o| o.quiesced_by_restatus()).count() as i64);
+        ctx.metrics.quiesced.set(self.live.quiesced() as i64);
     }
 }
 
@@ -228,14 +228,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
             _ = refresh.tick() => {
-                if refresh_snapshot(&ctx).await {
+                // A download can take a while (or hang on an unanswering store): SIGTERM
+                // does not wait for it.
+                let changed = tokio::select! {
+                    _ = &mut shutdown => break Ok(()),
+                    changed = refresh_snapshot(&ctx) => changed,
+                };
+                if changed {
                     let now = Instant::now();
-                    state.dirty.extend(state.live.objects.keys().map(|uid| (uid.clone(), now)));
+                    state.dirty.extend(state.live.uids().map(|uid| (uid.clone(), now)));
                 }
             }
             _ = retry.tick() => {
                 let now = Instant::now();
-                state.dirty.extend(state.retries.due(now).into_iter().map(|uid| (uid, now)));
+                let due = state.retries.due(now).into_iter().filter_map(|uid| state.live.uid(&uid));
+                state.dirty.extend(due.map(|uid| (uid, now)));
             }
             change = rx.recv() => {
                 let Some(change) = change else { break Err(Error::WatchesEnded) };
@@ -292,19 +299,19 @@ async fn process(
     ctx: &Context,
     kinds: &[KindProfile],
     live: &LiveIndex,
-    dirty: HashMap<String, Instant>,
-) -> Vec<(String, bool)> {
+    dirty: HashMap<Uid, Instant>,
+) -> Vec<(Uid, bool)> {
     let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
     let mut results = Vec::with_capacity(dirty.len());
     for kind in kinds {
-        let mut uids: Vec<(usize, &String, &Instant)> = dirty
+        let mut uids: Vec<(usize, &Uid, &Instant)> = dirty
             .iter()
-            .filter_map(|(uid, seen)| live.objects.get(uid).filter(|o| o.kind == kind.kind).map(|o| (o, uid, seen)))
-            .map(|(object, uid, seen)| (snapshot.position(object), uid, seen))
+            .filter(|(uid, _)| live.kind_of(uid) == Some(kind.kind.as_str()))
+            .map(|(uid, seen)| (live.position(uid, &snapshot), uid, seen))
             .collect();
         // In payload order: each frame of the payload is decompressed once.
         uids.sort_unstable();
-        let done: Vec<(String, bool)> = stream::iter(uids)
+        let done: Vec<(Uid, bool)> = stream::iter(uids)
             .map(|(_, uid, seen)| {
                 let snapshot = snapshot.clone();
                 async move {
@@ -314,7 +321,7 @@ async fn process(
                         }
                         Some(Err(e)) => {
                             ctx.metrics.errors.inc();
-                            warn!(uid, error = %e, "cannot read the object's records; retried after a backoff");
+                            warn!(uid = &**uid, error = %e, "cannot read the object's records; retried after a backoff");
                             true
                         }
                         None => false,
@@ -387,12 +394,17 @@ async fn reconcile(
     false
 }
 
+/// Objects per page of a watch's (re-)list. A page is parsed whole into `DynamicObject`s, some
+/// 40 KiB each for a discovered Server: client-go's 500 would hold 20 MiB at once, freed only
+/// into the allocator's arenas.
+const WATCH_PAGE_SIZE: u32 = 100;
+
 /// Streams one kind's objects into the main loop: upserts and deletions, each complete
 /// (re-)list with the uids it held, and the kind's unavailability while it cannot be watched
 /// (the watcher backs off as kube-runtime's default backoff says).
 async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSender<Change>) {
     let api = api_for(&ctx.client, &kind, None);
-    let mut config = watcher::Config::default();
+    let mut config = watcher::Config::default().page_size(WATCH_PAGE_SIZE);
     if let Some(selector) = &ctx.options.selector {
         config = config.labels(selector);
     }
@@ -418,9 +430,10 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
                 ctx.metrics.errors.inc();
                 match unavailable_reason(&e) {
                     Some(reason) => Some(Change::Unavailable { kind: kind.kind.clone(), reason }),
-                    // A watch that expired (410) or a connection lost: the watcher lists again.
+                    // A connection lost: the watcher resumes from its resourceVersion; a
+                    // resourceVersion expired (410): it lists again.
                     None => {
-                        warn!(kind = kind.kind, error = %e, "watch interrupted; listing again after a backoff");
+                        warn!(kind = kind.kind, error = %e, "watch interrupted; resumed after a backoff (listed again if its resourceVersion expired)");
                         None
                     }
                 }

@@ -27,9 +27,9 @@ pub mod reasons {
 pub struct Collector {
     kinds: Vec<KindCount>,
     skipped: Vec<Skipped>,
-    /// First owner (namespace, name) of each primary key, by its digest, to report
-    /// collisions: a few dozen bytes an object.
-    owners: HashMap<KeyDigest, (Option<Box<str>>, Box<str>)>,
+    /// The first owner of each primary key, by its digest, to report collisions: some 40
+    /// bytes an object.
+    owners: Owners,
     conflicts: BTreeMap<(String, IdentityKey), Vec<ObjectRef>>,
     /// What the consistency verdict looks at.
     views: Views,
@@ -132,21 +132,47 @@ impl Collector {
 
     fn note_key(&mut self, kind: &str, key: IdentityKey, object: ObjectRef) {
         let digest = key.digest(kind);
-        match self.owners.get(&digest) {
-            None => {
-                let owner = (object.namespace.map(Into::into), object.name.into());
-                self.owners.insert(digest, owner);
-            }
+        match self.owners.first(digest) {
+            None => self.owners.insert(digest, object.namespace.as_deref(), &object.name),
             Some((namespace, name)) => {
-                let first = ObjectRef {
-                    kind: kind.to_string(),
-                    namespace: namespace.as_deref().map(str::to_string),
-                    name: name.to_string(),
-                };
+                let first = ObjectRef { kind: kind.to_string(), namespace, name };
                 let objects = self.conflicts.entry((kind.to_string(), key)).or_insert_with(|| vec![first]);
                 objects.push(object);
             }
         }
+    }
+}
+
+/// Who first carried each primary key: the digest's owner as `namespace/name` (or `name`) in
+/// one string, not a string an object.
+#[derive(Debug, Default)]
+struct Owners {
+    by_digest: HashMap<KeyDigest, u32>,
+    names: String,
+    /// Where each owner's text ends in `names`.
+    ends: Vec<u32>,
+}
+
+impl Owners {
+    fn insert(&mut self, digest: KeyDigest, namespace: Option<&str>, name: &str) {
+        if let Some(namespace) = namespace {
+            self.names.push_str(namespace);
+            self.names.push('/');
+        }
+        self.names.push_str(name);
+        self.by_digest.insert(digest, self.ends.len() as u32);
+        self.ends.push(self.names.len() as u32);
+    }
+
+    /// The first owner of a digest: (namespace, name).
+    fn first(&self, digest: KeyDigest) -> Option<(Option<String>, String)> {
+        let i = *self.by_digest.get(&digest)? as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        let text = &self.names[start..self.ends[i] as usize];
+        Some(match text.split_once('/') {
+            Some((namespace, name)) => (Some(namespace.to_string()), name.to_string()),
+            None => (None, text.to_string()),
+        })
     }
 }
 
@@ -268,6 +294,18 @@ mod tests {
         assert_eq!(conflict.key, "spec.systemUUID=same");
         let names: Vec<_> = conflict.objects.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn key_owners_keep_namespace_and_name_apart() {
+        let mut owners = Owners::default();
+        owners.insert(1, Some("ns-a"), "claim-1");
+        owners.insert(2, None, "server-1");
+        owners.insert(3, Some("ns-b"), "claim-2");
+        assert_eq!(owners.first(1), Some((Some("ns-a".into()), "claim-1".into())));
+        assert_eq!(owners.first(2), Some((None, "server-1".into())));
+        assert_eq!(owners.first(3), Some((Some("ns-b".into()), "claim-2".into())));
+        assert_eq!(owners.first(4), None);
     }
 
     fn consistency_of(objects: &[(&str, &str)]) -> Consistency {

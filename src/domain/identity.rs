@@ -33,7 +33,12 @@ pub type KeyDigest = u64;
 
 impl IdentityKey {
     pub fn digest(&self, kind: &str) -> KeyDigest {
-        digest((kind, &self.field, &self.value))
+        Self::digest_of(kind, &self.field, &self.value)
+    }
+
+    /// The digest of the key `field=value` of `kind`, without making the key.
+    pub fn digest_of(kind: &str, field: &str, value: &str) -> KeyDigest {
+        digest((kind, field, value))
     }
 }
 

@@ -72,9 +72,7 @@ impl LiveObject {
 
     /// The same object without its status JSON (digests kept).
     pub fn compact(mut self) -> Self {
-        if let Some(status) = &mut self.status {
-            status.json = None;
-        }
+        self.status = self.status.map(LiveStatus::compact);
         self
     }
 
@@ -115,6 +113,12 @@ impl LiveStatus {
             initial: kind.is_initial_status(Some(&value)),
             json: Some(raw.to_owned()),
         }
+    }
+
+    /// The same status without its JSON (digests kept).
+    pub fn compact(mut self) -> Self {
+        self.json = None;
+        self
     }
 
     /// The JSON as the API server sent it, unless dropped.

@@ -13,3 +13,16 @@ pub mod identity;
 pub mod live;
 pub mod object;
 pub mod pairing;
+
+/// The index of `name` in `names`, added at the end if it is not there: a few distinct
+/// strings (kinds, key fields, states) held once, referred to by a small index.
+pub fn intern(names: &mut Vec<String>, name: &str) -> u16 {
+    let i = match names.iter().position(|n| n == name) {
+        Some(i) => i,
+        None => {
+            names.push(name.to_string());
+            names.len() - 1
+        }
+    };
+    i as u16
+}

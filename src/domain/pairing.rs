@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::domain::identity::{KindProfile, digest};
+use crate::domain::intern;
 use crate::domain::object::RawObject;
 use crate::format::ObjectRef;
 
@@ -117,7 +118,7 @@ impl Views {
                     self.servers.insert(s.name.clone(), s);
                 } else {
                     self.servers.remove(&s.name);
-                    let state = self.intern(&s.state);
+                    let state = intern(&mut self.states, &s.state);
                     self.free_servers.insert(digest, state);
                 }
             }
@@ -128,19 +129,9 @@ impl Views {
                     self.claims.insert((c.namespace.clone(), c.name.clone()), c);
                 } else {
                     self.claims.remove(&(c.namespace.clone(), c.name.clone()));
-                    let phase = self.intern(&c.phase);
+                    let phase = intern(&mut self.states, &c.phase);
                     self.free_claims.insert(digest, phase);
                 }
-            }
-        }
-    }
-
-    fn intern(&mut self, state: &str) -> u16 {
-        match self.states.iter().position(|s| s == state) {
-            Some(i) => i as u16,
-            None => {
-                self.states.push(state.to_string());
-                (self.states.len() - 1) as u16
             }
         }
     }
@@ -157,11 +148,11 @@ impl Views {
         self.servers.retain(|name, _| !other.free_servers.contains_key(&name_digest("", name)));
         self.claims.retain(|(ns, name), _| !other.free_claims.contains_key(&name_digest(ns, name)));
         for (digest, state) in other.free_servers {
-            let state = self.intern(&other.states[state as usize]);
+            let state = intern(&mut self.states, &other.states[state as usize]);
             self.free_servers.insert(digest, state);
         }
         for (digest, phase) in other.free_claims {
-            let phase = self.intern(&other.states[phase as usize]);
+            let phase = intern(&mut self.states, &other.states[phase as usize]);
             self.free_claims.insert(digest, phase);
         }
         let (servers, claims) = (other.servers, other.claims);
