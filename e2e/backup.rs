@@ -418,5 +418,6 @@ async fn no_spelling_of_a_secret_kind_makes_a_request_for_secrets_says_the_audit
     let to_credentials: Vec<&&Value> = by_restatus.iter().filter(|e| credential(e)).collect();
     assert!(to_credentials.is_empty(), "restatus requested credentials: {to_credentials:?}");
     let agents: std::collections::BTreeSet<&str> = by_restatus.iter().filter_map(|e| e["userAgent"].as_str()).collect();
+    assert_eq!(agents, [restatus::k8s::USER_AGENT].into(), "every request of restatus names it");
     eprintln!("{} requests of restatus audited ({agents:?}), none for secrets", by_restatus.len());
 }

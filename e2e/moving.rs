@@ -413,10 +413,30 @@ pub(crate) fn cluster_api(client: &kube::Client, ns: &str) -> Api<DynamicObject>
     api(client, "cluster.x-k8s.io/v1beta2", "Cluster", "clusters", Some(ns))
 }
 
-pub(crate) async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
+pub(crate) async fn wait_for(what: &str, within: Duration, done: impl AsyncFnMut() -> bool) {
+    wait_for_logged(what, within, &[], done).await;
+}
+
+/// `wait_for`; a timeout shows the last lines of `logs` (the replicas' own), to tell why.
+pub(crate) async fn wait_for_logged(
+    what: &str,
+    within: Duration,
+    logs: &[&std::path::Path],
+    mut done: impl AsyncFnMut() -> bool,
+) {
     let deadline = Instant::now() + within;
     while !done().await {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        if Instant::now() >= deadline {
+            let tails: Vec<String> = logs
+                .iter()
+                .map(|log| {
+                    let text = std::fs::read_to_string(log).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    format!("{}:\n{}", log.display(), lines[lines.len().saturating_sub(40)..].join("\n"))
+                })
+                .collect();
+            panic!("{what}: not within {within:?}\n{}", tails.join("\n"));
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -736,7 +756,7 @@ async fn a_source_leader_killed_mid_move_is_replaced_and_the_aborted_move_releas
     let fx = Fixture::new(4, 2, 0).await;
     let lease = unique("src-lease");
     let (mut a, a_url, a_log) = fx.replica(&lease);
-    let (mut b, b_url, _b_log) = fx.replica(&lease);
+    let (mut b, b_url, b_log) = fx.replica(&lease);
     let source = fx.bed.source().await;
     let clusters = cluster_api(&source, &fx.ns);
     let annotation =
@@ -774,9 +794,12 @@ async fn a_source_leader_killed_mid_move_is_replaced_and_the_aborted_move_releas
         .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}})))
         .await
         .unwrap();
-    wait_for("the standby leads", Duration::from_secs(15 + 15), async || leads(standby_url)).await;
+    // The lease (15 s) runs out, then the standby wakes at the expiry it last read: a loaded API
+    // server stretches both.
+    let logs = [a_log.as_path(), b_log.as_path()];
+    wait_for_logged("the standby leads", Duration::from_secs(60), &logs, async || leads(standby_url)).await;
     let took_over = killed.elapsed();
-    wait_for("restatus's ignore released and block-move back", Duration::from_secs(60), async || {
+    wait_for_logged("restatus's ignore released and block-move back", Duration::from_secs(60), &logs, async || {
         let released = fleet_state(&source, &fx.fleet.name)
             .await
             .values()
@@ -849,13 +872,14 @@ spec: {{policyName: {name}, validationActions: [Deny]}}
     tokio::time::sleep(Duration::from_secs(3)).await; // the policy reaches the API server's cache
 
     let lease = unique("src-lease");
-    let (mut a, a_url, _a_log) = fx.replica(&lease);
-    let (mut b, b_url, _b_log) = fx.replica(&lease);
+    let (mut a, a_url, a_log) = fx.replica(&lease);
+    let (mut b, b_url, b_log) = fx.replica(&lease);
+    let logs = [a_log.as_path(), b_log.as_path()];
     let source = fx.bed.source().await;
     let clusters = cluster_api(&source, &fx.ns);
     let annotation =
         |c: &DynamicObject, key: &str| c.metadata.annotations.clone().unwrap_or_default().get(key).cloned();
-    wait_for("block-move on the Cluster", Duration::from_secs(60), async || {
+    wait_for_logged("block-move on the Cluster", Duration::from_secs(60), &logs, async || {
         annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).as_deref() == Some("restatus")
     })
     .await;
@@ -868,11 +892,16 @@ spec: {{policyName: {name}, validationActions: [Deny]}}
         .await
         .unwrap();
     let final_snapshot = restatus::domain::annotations::FINAL_SNAPSHOT_ANNOTATION;
-    wait_for("the final snapshot recorded and the quiesce stuck half-way", Duration::from_secs(60), async || {
-        let state = fleet_state(&source, &fx.fleet.name).await;
-        let quiesced = state.values().filter(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION)).count();
-        annotation(&clusters.get("workload").await.unwrap(), final_snapshot).is_some() && quiesced >= 4
-    })
+    wait_for_logged(
+        "the final snapshot recorded and the quiesce stuck half-way",
+        Duration::from_secs(60),
+        &logs,
+        async || {
+            let state = fleet_state(&source, &fx.fleet.name).await;
+            let quiesced = state.values().filter(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION)).count();
+            annotation(&clusters.get("workload").await.unwrap(), final_snapshot).is_some() && quiesced >= 4
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await; // it keeps failing on the stuck Server
     let cluster = clusters.get("workload").await.unwrap();
@@ -888,8 +917,10 @@ spec: {{policyName: {name}, validationActions: [Deny]}}
         .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}})))
         .await
         .unwrap();
-    wait_for("the standby leads", Duration::from_secs(15 + 15), async || leads(standby_url)).await;
-    wait_for("restatus's ignore released and block-move back", Duration::from_secs(60), async || {
+    // The lease (15 s) runs out, then the standby wakes at the expiry it last read: a loaded API
+    // server stretches both.
+    wait_for_logged("the standby leads", Duration::from_secs(60), &logs, async || leads(standby_url)).await;
+    wait_for_logged("restatus's ignore released and block-move back", Duration::from_secs(60), &logs, async || {
         let released = fleet_state(&source, &fx.fleet.name)
             .await
             .values()

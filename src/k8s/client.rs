@@ -4,10 +4,17 @@
 use std::path::Path;
 use std::time::Duration;
 
+use kube::client::ClientBuilder;
+use kube::client::retry::RetryPolicy;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use tower::buffer::BufferLayer;
+use tower::retry::RetryLayer;
 
 use crate::domain::identity::Profile;
 use crate::{Error, Result};
+
+/// What restatus calls itself to an API server: `restatus/<version>`.
+pub const USER_AGENT: &str = concat!("restatus/", env!("CARGO_PKG_VERSION"));
 
 pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube::Client> {
     let options = KubeConfigOptions { context: context.map(str::to_string), ..Default::default() };
@@ -26,9 +33,47 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
                 .map_err(|e| Error::Kubeconfig { path: "(default)".into(), reason: e.to_string() })?,
         },
     };
+    // Named in the API server's audit log (`userAgent`), as kubectl and client-go are.
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     config.connect_timeout = Some(Duration::from_secs(10));
-    config.read_timeout = Some(Duration::from_secs(60));
-    kube::Client::try_from(config).map_err(|e| Error::kube("build client", e))
+    // An API server that stops answering fails the request, but only after a watch's own
+    // server-side timeout (kube's watcher asks for 290 s): a quiet watch hears nothing for
+    // minutes, and at 60 s every watch of an idle controller was cut and counted an error
+    // each minute. Timed from when a request is sent, not from when its pooled connection
+    // went idle.
+    config.read_timeout = Some(READ_TIMEOUT);
+    config.reset_reader_on_write = true;
+    // kube's own retry layer, replaced by a bounded one (see `retry_policy`). Retrying calls
+    // the stack again, so it sits behind a buffer: kube's stack is one boxed service, not a
+    // clonable one.
+    config.default_retry = false;
+    let builder = ClientBuilder::try_from(config).map_err(|e| Error::kube("build client", e))?;
+    Ok(builder.with_layer(&BufferLayer::new(REQUESTS_IN_FLIGHT)).with_layer(&RetryLayer::new(retry_policy())).build())
+}
+
+/// How long a request may wait for the API server's next bytes.
+const READ_TIMEOUT: Duration = Duration::from_secs(295);
+
+/// Requests queued for the client's stack before a caller waits; far more than restatus
+/// sends at once (its concurrency, a watch per kind, the lease).
+const REQUESTS_IN_FLIGHT: usize = 1024;
+
+/// Wait before the first retry; the waits double from here.
+const FIRST_RETRY_WAIT: Duration = Duration::from_millis(200);
+
+/// The longest wait between two tries of one request, unless the API server asks for longer.
+const LONGEST_RETRY_WAIT: Duration = Duration::from_secs(5);
+
+/// Retries of a request the API server answers 429, 503 or 504: a starting API server answers
+/// 503 until its paths are installed, then 429 for a watch until its watch cache is filled;
+/// API Priority and Fairness sheds load with 429. Up to 15 retries, each wait doubling from
+/// 200 ms to at most 5 s, or the server's `Retry-After` when that is longer.
+///
+/// kube's default is the same but with waits doubling up to 1,000 s (from 5 ms, with up to
+/// twice the wait added as jitter): an API server that answered 503 and 429 for half a minute
+/// while it restarted could keep a watch waiting minutes after it was ready again.
+fn retry_policy() -> RetryPolicy {
+    RetryPolicy::new(FIRST_RETRY_WAIT, LONGEST_RETRY_WAIT, 15, true).expect("200 ms <= 5 s")
 }
 
 /// What every command that talks to a cluster starts from: its profile and a client.
@@ -39,4 +84,54 @@ pub async fn connect(
 ) -> Result<(Profile, kube::Client)> {
     let profile = Profile::load(profile)?;
     Ok((profile, client(kubeconfig, context).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response, StatusCode};
+    use tower::retry::Policy;
+
+    /// The waits `policy` asks for, one per answer, until it gives up.
+    fn waits_for(answer: impl Fn() -> Response<()>) -> Vec<Duration> {
+        let mut policy = retry_policy();
+        let mut request = Request::new(kube::client::Body::from(Vec::new()));
+        let mut waits = Vec::new();
+        let start = tokio::time::Instant::now();
+        while let Some(sleep) = policy.retry(&mut request, &mut Ok(answer())) {
+            waits.push(sleep.deadline() - start);
+        }
+        waits
+    }
+
+    fn status(code: StatusCode, retry_after: Option<&str>) -> Response<()> {
+        let mut response = Response::builder().status(code);
+        if let Some(seconds) = retry_after {
+            response = response.header("Retry-After", seconds);
+        }
+        response.body(()).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_api_server_that_stays_unavailable_is_retried_15_times_never_waiting_more_than_5_s() {
+        let waits = waits_for(|| status(StatusCode::SERVICE_UNAVAILABLE, None));
+        assert_eq!(waits.len(), 15);
+        assert!(waits.iter().all(|w| *w <= LONGEST_RETRY_WAIT), "{waits:?}");
+        assert!(waits[0] >= FIRST_RETRY_WAIT, "{waits:?}");
+        assert!(waits[14] >= LONGEST_RETRY_WAIT / 2, "the waits grow: {waits:?}");
+        // A watch cache filling after a restart (429, Retry-After 1): the server's wait while
+        // the policy's own is shorter, then the policy's, still at most 5 s.
+        let waits = waits_for(|| status(StatusCode::TOO_MANY_REQUESTS, Some("1")));
+        assert_eq!(waits[0], Duration::from_secs(1));
+        assert!(waits.iter().all(|w| (Duration::from_secs(1)..=LONGEST_RETRY_WAIT).contains(w)), "{waits:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_longer_retry_after_is_honoured_and_other_answers_are_not_retried() {
+        let waits = waits_for(|| status(StatusCode::TOO_MANY_REQUESTS, Some("20")));
+        assert_eq!(waits, vec![Duration::from_secs(20); 15]);
+        for code in [StatusCode::OK, StatusCode::NOT_FOUND, StatusCode::CONFLICT, StatusCode::INTERNAL_SERVER_ERROR] {
+            assert!(waits_for(|| status(code, None)).is_empty(), "{code} retried");
+        }
+    }
 }

@@ -12,7 +12,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::domain::identity::KindProfile;
 
-pub use client::{client, connect};
+pub use client::{USER_AGENT, client, connect};
 pub use list::{DEFAULT_PAGE_SIZE, PageRequest, list_objects};
 pub use writer::{FIELD_MANAGER, Writer};
 
