@@ -3,10 +3,11 @@
 //! their status, and takes status and spec writes on them.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use kube::api::{ListParams, Patch, PatchParams};
 use restatus::domain::identity::Profile;
-use restatus::fleet::etcd::{EtcdTarget, load_servers};
+use restatus::fleet::etcd::{EtcdTarget, load_servers, wait_listed};
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use serde_json::{Value, json};
 
@@ -42,6 +43,8 @@ async fn servers_loaded_into_etcd_are_listed_and_written_through_the_api() {
     assert_eq!((loaded.written, loaded.existing), (300, 0));
     let again = load_servers(&etcd, &spec, 4).await.expect("load again");
     assert_eq!((again.written, again.existing), (0, 300), "a second load leaves them");
+    // The API server learns of them from its watch of etcd, a moment later.
+    wait_listed(&client, &spec, Duration::from_secs(60)).await.expect("the API server lists all 300");
 
     // A paginated LIST returns every one, with the fleet's spec and status.
     let profile = Profile::metal_operator();

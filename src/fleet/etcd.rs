@@ -95,25 +95,34 @@ pub async fn load_servers(etcd: &EtcdTarget, spec: &FleetSpec, concurrency: usiz
     Ok(Loaded { written: todo.len(), existing: existing.len(), bytes })
 }
 
-/// Waits until the API server lists the fleet's Servers (a consistent LIST of one), retrying
-/// while it answers 429 or fails; returns how long that took. The first LIST of a kind whose
-/// objects came through etcd makes the API server build its watch cache of that kind from
-/// etcd, and until it is built a consistent LIST is answered 429 ("Too large resource
-/// version"): at 100k Servers that took minutes and ~6.5 GB of RSS on the bench machine.
-/// Writes through the API build it object by object as they go.
+/// Waits until the API server lists every Server of the fleet, retrying while it answers
+/// 429 or fails; returns how long that took. The API server learns of objects written into
+/// etcd behind its back from its watch of etcd, so its LISTs (served from its watch cache) lag
+/// the writes: under load a LIST right after a load missed some of 300 Servers. And the first
+/// LIST of a kind whose objects came through etcd makes the API server build its watch cache of
+/// that kind from etcd; until it is built a consistent LIST is answered 429 ("Too large
+/// resource version"): at 100k Servers that took minutes and ~6.5 GB of RSS on the bench
+/// machine. Writes through the API build it object by object as they go.
 pub async fn wait_listed(
     client: &kube::Client,
     spec: &FleetSpec,
     deadline: std::time::Duration,
 ) -> Result<std::time::Duration> {
     let profile = crate::domain::identity::Profile::metal_operator();
-    let api = crate::k8s::api_for(client, profile.kind("Server").expect("built-in kind"), None);
-    let params = kube::api::ListParams::default().labels(&format!("{}={}", super::FLEET_LABEL, spec.name)).limit(1);
+    let kind = profile.kind("Server").expect("built-in kind");
+    let selector = format!("{}={}", super::FLEET_LABEL, spec.name);
+    let page = crate::k8s::PageRequest { size: 500, selector: Some(&selector), namespace: None };
     let started = std::time::Instant::now();
     loop {
-        let failure = match api.list(&params).await {
-            Ok(list) if !list.items.is_empty() || spec.servers == 0 => return Ok(started.elapsed()),
-            Ok(_) => "no Server of the fleet listed yet".to_string(),
+        let mut listed = 0;
+        let counted = crate::k8s::list_objects(client, kind, &page, |_| {
+            listed += 1;
+            Ok(())
+        })
+        .await;
+        let failure = match counted {
+            Ok(_) if listed >= spec.servers => return Ok(started.elapsed()),
+            Ok(_) => format!("{listed} of its {} Servers listed", spec.servers),
             Err(e) => e.to_string(),
         };
         if started.elapsed() > deadline {
