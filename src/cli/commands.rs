@@ -65,10 +65,11 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
             let job = || async {
                 let started = std::time::Instant::now();
                 let result = backup::run(&client, &store, &options).await;
-                metrics.backup_finished(result.as_ref().ok(), started.elapsed());
+                // The bucket's view first: a scrape that counts this backup sees its snapshot.
                 if let Err(e) = metrics.newest.refresh(&store).await {
                     warn!(error = %e, "cannot read the newest snapshot for the metrics");
                 }
+                metrics.backup_finished(result.as_ref().ok(), started.elapsed());
                 result?;
                 store::retention::apply(&store, policy).await.map(|_| ())
             };
