@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use crate::Result;
 use crate::domain::identity::{IdentityKey, KeyDigest};
 use crate::domain::live::{LiveObject, LiveStatus};
-use crate::domain::{annotations, intern};
+use crate::domain::{Names, annotations};
 use crate::format::{Manifest, Records};
 use crate::restore::apply::SystemServers;
 
@@ -60,19 +60,19 @@ pub struct LiveIndex {
     objects: HashMap<Uid, Box<Entry>>,
     by_key: HashMap<KeyDigest, Vec<Uid>>,
     /// Kinds and key fields, interned: entries hold their index.
-    kinds: Vec<String>,
-    fields: Vec<String>,
+    kinds: Names,
+    fields: Names,
 }
 
 /// A [`LiveObject`] as the index keeps it: kind and key fields interned, strings boxed, the
 /// status as digests (it is compacted).
 struct Entry {
-    kind: u16,
+    kind: u32,
     namespace: Option<Box<str>>,
     name: Box<str>,
     resource_version: Box<str>,
     /// (key field, value).
-    keys: Box<[(u16, Box<str>)]>,
+    keys: Box<[(u32, Box<str>)]>,
     status: Option<LiveStatus>,
     annotations: BTreeMap<String, String>,
     status_written_at: Option<Timestamp>,
@@ -83,9 +83,9 @@ impl LiveIndex {
     pub fn upsert(&mut self, object: LiveObject) -> Uid {
         self.remove(&object.uid);
         let uid: Uid = object.uid.into();
-        let kind = intern(&mut self.kinds, &object.kind);
-        let keys: Box<[(u16, Box<str>)]> =
-            object.keys.into_iter().map(|k| (intern(&mut self.fields, &k.field), k.value.into_boxed_str())).collect();
+        let kind = self.kinds.intern(&object.kind);
+        let keys: Box<[(u32, Box<str>)]> =
+            object.keys.into_iter().map(|k| (self.fields.intern(&k.field), k.value.into_boxed_str())).collect();
         let entry = Entry {
             kind,
             namespace: object.namespace.map(String::into_boxed_str),
@@ -141,13 +141,13 @@ impl LiveIndex {
 
     /// The object's kind.
     pub fn kind_of(&self, uid: &str) -> Option<&str> {
-        self.objects.get(uid).map(|e| &*self.kinds[e.kind as usize])
+        self.objects.get(uid).map(|e| self.kinds.get(e.kind))
     }
 
     /// BMCs and Servers that still carry restatus's `ignore`: restored, maybe waiting for
     /// their Servers or claim.
     pub fn held(&self) -> impl Iterator<Item = &Uid> {
-        let waits = |e: &Entry| matches!(&*self.kinds[e.kind as usize], "BMC" | "Server") && quiesced(e);
+        let waits = |e: &Entry| matches!(self.kinds.get(e.kind), "BMC" | "Server") && quiesced(e);
         self.objects.iter().filter(move |(_, e)| waits(e)).map(|(uid, _)| uid)
     }
 
@@ -158,18 +158,16 @@ impl LiveIndex {
 
     /// The uids of the live objects of `kind`.
     pub fn uids_of(&self, kind: &str) -> Vec<String> {
-        let Some(kind) = self.kinds.iter().position(|k| k == kind) else { return vec![] };
-        self.objects.iter().filter(|(_, e)| e.kind as usize == kind).map(|(uid, _)| uid.to_string()).collect()
+        let Some(kind) = self.kinds.find(kind) else { return vec![] };
+        self.objects.iter().filter(|(_, e)| e.kind == kind).map(|(uid, _)| uid.to_string()).collect()
     }
 
     /// The object as planning reads it.
     pub fn get(&self, uid: &str) -> Option<LiveObject> {
         let (uid, e) = self.objects.get_key_value(uid)?;
-        let kind = self.kinds[e.kind as usize].to_string();
-        let keys = e
-            .keys
-            .iter()
-            .map(|(f, v)| IdentityKey { field: self.fields[*f as usize].to_string(), value: v.to_string() });
+        let kind = self.kinds.get(e.kind).to_string();
+        let keys =
+            e.keys.iter().map(|(f, v)| IdentityKey { field: self.fields.get(*f).to_string(), value: v.to_string() });
         Some(LiveObject {
             kind,
             namespace: e.namespace.as_deref().map(str::to_string),
@@ -191,8 +189,8 @@ impl LiveIndex {
 
     /// The digests of an entry's keys.
     fn digests<'a>(&'a self, e: &'a Entry) -> impl Iterator<Item = KeyDigest> + 'a {
-        let kind = &*self.kinds[e.kind as usize];
-        e.keys.iter().map(move |(f, v)| IdentityKey::digest_of(kind, &self.fields[*f as usize], v))
+        let kind = self.kinds.get(e.kind);
+        e.keys.iter().map(move |(f, v)| IdentityKey::digest_of(kind, self.fields.get(*f), v))
     }
 
     /// The planning input for one object: its candidate records, every record sharing their

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+use crate::domain::Names;
 use crate::domain::identity::{KindProfile, digest};
-use crate::domain::intern;
 use crate::domain::object::RawObject;
 use crate::format::ObjectRef;
 
@@ -90,10 +90,10 @@ impl View {
 pub struct Views {
     servers: BTreeMap<String, ServerView>,
     claims: BTreeMap<(String, String), ClaimView>,
-    free_servers: HashMap<u64, u16>,
-    free_claims: HashMap<u64, u16>,
+    free_servers: HashMap<u64, u32>,
+    free_claims: HashMap<u64, u32>,
     /// The states and phases of free objects, each once.
-    states: Vec<String>,
+    states: Names,
 }
 
 /// One side of a pair as the other side finds it.
@@ -118,7 +118,7 @@ impl Views {
                     self.servers.insert(s.name.clone(), s);
                 } else {
                     self.servers.remove(&s.name);
-                    let state = intern(&mut self.states, &s.state);
+                    let state = self.states.intern(&s.state);
                     self.free_servers.insert(digest, state);
                 }
             }
@@ -129,7 +129,7 @@ impl Views {
                     self.claims.insert((c.namespace.clone(), c.name.clone()), c);
                 } else {
                     self.claims.remove(&(c.namespace.clone(), c.name.clone()));
-                    let phase = intern(&mut self.states, &c.phase);
+                    let phase = self.states.intern(&c.phase);
                     self.free_claims.insert(digest, phase);
                 }
             }
@@ -148,11 +148,11 @@ impl Views {
         self.servers.retain(|name, _| !other.free_servers.contains_key(&name_digest("", name)));
         self.claims.retain(|(ns, name), _| !other.free_claims.contains_key(&name_digest(ns, name)));
         for (digest, state) in other.free_servers {
-            let state = intern(&mut self.states, &other.states[state as usize]);
+            let state = self.states.intern(other.states.get(state));
             self.free_servers.insert(digest, state);
         }
         for (digest, phase) in other.free_claims {
-            let phase = intern(&mut self.states, &other.states[phase as usize]);
+            let phase = self.states.intern(other.states.get(phase));
             self.free_claims.insert(digest, phase);
         }
         let (servers, claims) = (other.servers, other.claims);
@@ -171,7 +171,7 @@ impl Views {
     fn server(&self, name: &str) -> Partner<'_, ServerView> {
         match (self.servers.get(name), self.free_servers.get(&name_digest("", name))) {
             (Some(server), _) => Partner::Whole(server),
-            (None, Some(&state)) => Partner::Free(&self.states[state as usize]),
+            (None, Some(&state)) => Partner::Free(self.states.get(state)),
             (None, None) => Partner::Missing,
         }
     }
@@ -180,7 +180,7 @@ impl Views {
         let whole = self.claims.get(&(namespace.to_string(), name.to_string()));
         match (whole, self.free_claims.get(&name_digest(namespace, name))) {
             (Some(claim), _) => Partner::Whole(claim),
-            (None, Some(&phase)) => Partner::Free(&self.states[phase as usize]),
+            (None, Some(&phase)) => Partner::Free(self.states.get(phase)),
             (None, None) => Partner::Missing,
         }
     }

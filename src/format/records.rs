@@ -20,8 +20,8 @@ use super::payload::{check_count, decompress, frame_lines, walk_frames};
 use super::spill::Payload;
 use super::{FRAME_BYTES, Manifest, Record, RecordHead};
 use crate::Error;
+use crate::domain::Names;
 use crate::domain::identity::{IdentityKey, KeyDigest};
-use crate::domain::intern;
 
 /// Frames larger than this keep their records in memory when decoded.
 const LARGE_FRAME: u64 = 4 * FRAME_BYTES;
@@ -44,7 +44,7 @@ enum At {
 struct Slot {
     at: At,
     /// Index into [`Records::kinds`].
-    kind: u16,
+    kind: u32,
     /// The end of its keys' digests in [`Records::digests`] (they start where the previous
     /// record's end).
     keys_end: u32,
@@ -54,7 +54,7 @@ struct Slot {
 pub struct Records {
     /// The snapshot, for errors.
     snapshot: String,
-    kinds: Vec<String>,
+    kinds: Names,
     slots: Vec<Slot>,
     /// Every record's key digests, in record order.
     digests: Vec<KeyDigest>,
@@ -73,7 +73,7 @@ impl Records {
     fn empty(snapshot: String, payload: Payload, capacity: usize) -> Self {
         Records {
             snapshot,
-            kinds: Vec::new(),
+            kinds: Names::default(),
             slots: Vec::with_capacity(capacity),
             digests: Vec::with_capacity(capacity),
             payload,
@@ -131,8 +131,8 @@ impl Records {
     }
 
     /// Indexes the next record's kind and keys: its kind's index, and the end of its digests.
-    fn index(&mut self, kind: &str, keys: &[IdentityKey]) -> (u16, u32) {
-        let kind_index = intern(&mut self.kinds, kind);
+    fn index(&mut self, kind: &str, keys: &[IdentityKey]) -> (u32, u32) {
+        let kind_index = self.kinds.intern(kind);
         self.digests.extend(keys.iter().map(|k| k.digest(kind)));
         (kind_index, self.digests.len() as u32)
     }
@@ -147,13 +147,13 @@ impl Records {
 
     /// Record `i`'s kind.
     pub fn kind(&self, i: usize) -> Option<&str> {
-        self.slots.get(i).map(|s| self.kinds[s.kind as usize].as_str())
+        self.slots.get(i).map(|s| self.kinds.get(s.kind))
     }
 
     /// The records of `kind`, in payload order.
     pub fn of_kind<'a>(&'a self, kind: &str) -> impl Iterator<Item = usize> + 'a {
-        let wanted = self.kinds.iter().position(|k| k == kind);
-        (0..self.slots.len()).filter(move |&i| Some(self.slots[i].kind as usize) == wanted)
+        let wanted = self.kinds.find(kind);
+        (0..self.slots.len()).filter(move |&i| Some(self.slots[i].kind) == wanted)
     }
 
     /// The digests of record `i`'s keys (of its kind), in key order: the first is its
@@ -261,6 +261,11 @@ mod tests {
                 )
             })
             .collect();
+        encoded(records)
+    }
+
+    /// `records` as a writer encodes them, with their manifest.
+    fn encoded(records: Vec<Record>) -> (Manifest, Bytes, Vec<Record>) {
         let mut encoder = PayloadEncoder::new(3).unwrap();
         let mut payload = Vec::new();
         for r in &records {
@@ -333,6 +338,28 @@ mod tests {
             writer.write(chunk).unwrap();
         }
         writer.finish().unwrap()
+    }
+
+    /// A well-formed payload of 70,000 kinds (a crafted one: restatus writes a few): every
+    /// record keeps its own kind (an index of 16 bits wrapped at 65,536 and gave record 65,536
+    /// the first record's kind).
+    #[test]
+    fn a_payload_of_more_kinds_than_16_bits_hold_keeps_every_records_kind() {
+        let records =
+            (0..70_000).map(|i| record(&format!("K{i}"), "x", &[uuid(&format!("u{i}"))], json!({}))).collect();
+        let (manifest, payload, _) = encoded(records);
+        let decoded = Records::decode(&manifest, payload).unwrap();
+        assert_eq!(
+            (decoded.kind(0), decoded.kind(65_536), decoded.kind(69_999)),
+            (Some("K0"), Some("K65536"), Some("K69999"))
+        );
+        assert_eq!(decoded.of_kind("K0").collect::<Vec<_>>(), [0]);
+        assert_eq!(decoded.of_kind("K65536").collect::<Vec<_>>(), [65_536]);
+    }
+
+    #[test]
+    fn a_record_costs_24_bytes_of_slot() {
+        assert_eq!(std::mem::size_of::<Slot>(), 24);
     }
 
     #[test]
