@@ -7,10 +7,24 @@ use tracing::warn;
 use crate::TOOL_NAME;
 use crate::domain::identity::KindProfile;
 
-/// A recorder reporting as restatus, from this pod (`POD_NAME`) where it runs in one.
+/// restatus, from this pod (`POD_NAME`) where it runs in one.
+pub fn reporter() -> Reporter {
+    Reporter { controller: TOOL_NAME.into(), instance: std::env::var("POD_NAME").ok() }
+}
+
+/// A recorder reporting as restatus. It keeps every Event it published for six minutes (to
+/// turn a repeat into a series) and scans them all on each publish: right for the few objects
+/// of a handshake, not for one Event per restored object (see [`publish_once`]).
 pub fn recorder(client: &kube::Client) -> Recorder {
-    let reporter = Reporter { controller: TOOL_NAME.into(), instance: std::env::var("POD_NAME").ok() };
-    Recorder::new(client.clone(), reporter)
+    Recorder::new(client.clone(), reporter())
+}
+
+/// Publishes `event` as a new Event, remembering nothing. A restore publishes one Event per
+/// object it restores, and an object is rarely restored twice within minutes; kube's
+/// [`Recorder`] would hold each of them for six minutes and scan them all on every publish:
+/// some 4 KiB an object (60 MiB for a restore of 15,000) and time quadratic in the objects.
+pub async fn publish_once(client: &kube::Client, reporter: &Reporter, event: &Event, reference: &ObjectReference) {
+    publish(&Recorder::new(client.clone(), reporter.clone()), event, reference).await;
 }
 
 /// The reference an Event about an object of `kind` points at.

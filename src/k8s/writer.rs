@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::api::{GetParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, Recorder};
+use kube::runtime::events::{Event, Reporter};
 use serde::Serialize;
 
 use crate::domain::identity::{KindProfile, Profile};
@@ -17,11 +17,11 @@ use crate::{Error, Result, TOOL_NAME};
 /// Field manager of every write restatus makes.
 pub const FIELD_MANAGER: &str = TOOL_NAME;
 
-/// What writing needs beyond one snapshot: the client, the event recorder, and which kinds
+/// What writing needs beyond one snapshot: the client, who reports Events, and which kinds
 /// have a status subresource. Lives as long as the restore run or the controller.
 pub struct Writer {
     client: kube::Client,
-    recorder: Recorder,
+    reporter: Reporter,
     status_subresource: HashSet<String>,
 }
 
@@ -54,7 +54,7 @@ impl Writer {
                 }
             }
         }
-        Ok(Writer { client: client.clone(), recorder: events::recorder(client), status_subresource })
+        Ok(Writer { client: client.clone(), reporter: events::reporter(), status_subresource })
     }
 
     /// A JSON merge patch of the object (or of its `subresource`), as restatus. The answer
@@ -100,10 +100,10 @@ impl Writer {
         self.status_subresource.contains(&kind.kind)
     }
 
-    /// Publishes an Event about `object` (failures are logged only).
+    /// Publishes an Event about `object`, a new one each time (failures are logged only).
     pub async fn event(&self, kind: &KindProfile, object: &LiveObject, event: &Event) {
         let reference = events::reference(kind, object.namespace.as_deref(), &object.name, &object.uid);
-        events::publish(&self.recorder, event, &reference).await;
+        events::publish_once(&self.client, &self.reporter, event, &reference).await;
     }
 
     /// Reads the object again, raw.
@@ -130,8 +130,47 @@ impl Writer {
 impl Writer {
     /// A writer on a scripted client that knows which kinds have a status subresource.
     pub(crate) fn scripted(client: kube::Client, status_subresource: &[&str]) -> Self {
-        let reporter = kube::runtime::events::Reporter { controller: TOOL_NAME.into(), instance: None };
-        let recorder = Recorder::new(client.clone(), reporter);
-        Writer { client, recorder, status_subresource: status_subresource.iter().map(|k| k.to_string()).collect() }
+        let reporter = Reporter { controller: TOOL_NAME.into(), instance: None };
+        Writer { client, reporter, status_subresource: status_subresource.iter().map(|k| k.to_string()).collect() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+    use kube::runtime::events::EventType;
+
+    use super::*;
+    use crate::fixtures::{api, live, uuid};
+
+    /// Each restored object's Event is created, never a patch of an earlier one: the writer
+    /// remembers no Event (kube's recorder holds each for six minutes and turns a repeat
+    /// into a series), so a restore's memory does not grow by an Event an object.
+    #[tokio::test]
+    async fn every_event_is_a_new_one_and_none_is_remembered() {
+        let (client, mut handle) = api::client();
+        let writer = Writer::scripted(client, &["Server"]);
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let object = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "StatusRestored".into(),
+            note: Some("status restored".into()),
+            action: "RestoreStatus".into(),
+            secondary: None,
+        };
+        let api_server = tokio::spawn(async move {
+            let mut seen = vec![];
+            for _ in 0..2 {
+                seen.push(api::echo(&mut handle).await);
+            }
+            seen
+        });
+        writer.event(kind, &object, &event).await;
+        writer.event(kind, &object, &event).await;
+        let seen = api_server.await.unwrap();
+        let create = (Method::POST, "/apis/events.k8s.io/v1/namespaces/default/events".to_string());
+        assert_eq!(seen, [create.clone(), create]);
     }
 }
