@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use restatus::backup::{self, BackupOptions};
 use restatus::domain::identity::{KindProfile, Profile};
-use restatus::domain::object::RawObject;
-use restatus::k8s::PageRequest;
 use restatus::k8s::list::{ListPage, fetch_page};
+use restatus::k8s::{PageRequest, list_objects};
 use restatus::store::SnapshotStore;
 
 const PAGE: u32 = 500;
@@ -44,19 +43,13 @@ async fn bare_list(client: &kube::Client, profile: &Profile) -> (usize, usize) {
 async fn status_bytes(client: &kube::Client, kinds: &[KindProfile]) -> usize {
     let mut total = 0;
     for kind in kinds {
-        let mut token: Option<String> = None;
-        while let Some(body) =
-            fetch_page(client, kind, &PageRequest { size: PAGE, ..Default::default() }, token.as_deref()).await.unwrap()
-        {
-            let page = ListPage::parse(kind, &body).unwrap();
-            for item in &page.items {
-                total += RawObject::parse(item.get()).unwrap().status().map_or(0, |s| s.get().len());
-            }
-            match page.next() {
-                Some(t) => token = Some(t.to_string()),
-                None => break,
-            }
-        }
+        let page = PageRequest { size: PAGE, ..Default::default() };
+        list_objects(client, kind, &page, |object| {
+            total += object.status().map_or(0, |s| s.get().len());
+            Ok(())
+        })
+        .await
+        .unwrap();
     }
     total
 }

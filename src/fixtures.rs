@@ -7,9 +7,9 @@ use jiff::Timestamp;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::domain::identity::{IdentityKey, Profile};
+use crate::domain::identity::Profile;
 use crate::domain::live::{LiveObject, LiveStatus};
-use crate::format::{CaptureSummary, Manifest, PayloadSummary, Record, SnapshotId};
+use crate::format::{CaptureSummary, IdentityKey, Manifest, PayloadSummary, Record, SnapshotId};
 
 /// When the fixtures' snapshots were taken.
 pub const SNAPSHOT_TIME: &str = "2026-11-30T09:00:00Z";
@@ -109,6 +109,41 @@ pub mod api {
         let body = request.into_body().collect_bytes().await.expect("request body");
         send.send_response(Response::builder().status(StatusCode::CREATED).body(Body::from(body)).unwrap());
         (method, path)
+    }
+
+    /// A metal-operator Server as listed: uid `uid-<name>`, systemUUID `uuid-<name>`, and
+    /// `status` (none: a bare Server).
+    pub fn server(name: &str, status: Option<&Value>) -> Value {
+        let mut server = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+               "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"},
+               "spec": {"systemUUID": format!("uuid-{name}")}});
+        if let Some(status) = status {
+            server["status"] = status.clone();
+        }
+        server
+    }
+
+    /// A page of Servers named `names` (with `status`), continued by `next` ("" on the last page).
+    pub fn server_page(names: &[&str], next: &str, status: Option<&Value>) -> String {
+        let items: Vec<_> = names.iter().map(|n| server(n, status)).collect();
+        json!({"kind": "ServerList", "metadata": {"continue": next}, "items": items}).to_string()
+    }
+
+    /// The API server's answer to a continue token it compacted away (410 Gone).
+    pub fn expired() -> String {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+               "message": "The provided continue parameter is too old to display a consistent list result."})
+        .to_string()
+    }
+
+    /// The API server lists Servers a, b; expires the continue token; then lists a, b and c
+    /// (each with `status`).
+    pub async fn list_with_an_expired_token(mut api: Handle, status: Option<Value>) {
+        let status = status.as_ref();
+        answer(&mut api, StatusCode::OK, server_page(&["a", "b"], "t1", status)).await;
+        answer(&mut api, StatusCode::GONE, expired()).await;
+        answer(&mut api, StatusCode::OK, server_page(&["a", "b"], "t2", status)).await;
+        answer(&mut api, StatusCode::OK, server_page(&["c"], "", status)).await;
     }
 
     /// The API server's answer to a write on a stale resourceVersion.

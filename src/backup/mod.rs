@@ -71,11 +71,6 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
                 if let Err(abort) = upload.abort().await {
                     warn!(snapshot = %id, error = %abort, "could not abort the payload upload; retention removes it later");
                 }
-                if e.is_expired_list() && attempt < opts.capture_attempts {
-                    warn!(attempt, error = %e, "a LIST outlived its continue token; capturing again");
-                    attempt += 1;
-                    continue;
-                }
                 return Err(e);
             }
         };
@@ -121,4 +116,33 @@ async fn finish(
     let manifest = Manifest::new(store.cluster_id(), id.clone(), created_at, &profile.name, capture, summary);
     store.put_manifest(&manifest).await?;
     Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::api::{self, list_with_an_expired_token};
+
+    #[tokio::test]
+    async fn a_capture_that_outlives_a_continue_token_captures_each_object_once_in_one_attempt() {
+        let (client, handle) = api::client();
+        let server = tokio::spawn(list_with_an_expired_token(handle, Some(serde_json::json!({"state": "Available"}))));
+        let metal = Profile::metal_operator();
+        let profile = Profile { kinds: vec![metal.kind("Server").unwrap().clone()], ..metal };
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let opts = BackupOptions { page_size: 2, ..BackupOptions::new(profile) };
+        let manifest = run(&client, &store, &opts).await.unwrap();
+        server.await.unwrap();
+        assert_eq!(manifest.payload.records, 3, "a, b and c, each once");
+        assert_eq!(manifest.consistency.as_ref().map(|c| c.attempts), Some(1), "no second capture");
+        let mut names = vec![];
+        store
+            .load(&manifest.snapshot_id, |r| {
+                names.push(r.name);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(names, ["a", "b", "c"]);
+    }
 }

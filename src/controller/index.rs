@@ -9,11 +9,10 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use crate::Result;
-use crate::domain::identity::{IdentityKey, KeyDigest};
+use crate::domain::annotations;
 use crate::domain::live::{LiveObject, LiveStatus};
-use crate::domain::{Names, annotations};
-use crate::format::{Manifest, Records};
-use crate::restore::apply::SystemServers;
+use crate::domain::pairing::SystemServers;
+use crate::format::{IdentityKey, KeyDigest, Manifest, Names, Records};
 
 /// A loaded snapshot with its records indexed by key digest. The records stay compressed in
 /// the payload until an object is planned.
@@ -221,7 +220,7 @@ fn quiesced(e: &Entry) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::identity::{IdentityKey, Profile};
+    use crate::domain::identity::Profile;
     use crate::fixtures::{self, SNAPSHOT_TIME, record, ts, uuid as key};
     use crate::restore::plan::{self, PlanInput, Verdict};
     use serde_json::json;

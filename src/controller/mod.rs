@@ -22,15 +22,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt, stream};
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{RwLock, mpsc};
 use tracing::{debug, info, warn};
 
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::format::Records;
+use crate::k8s::Writer;
 use crate::k8s::leader::Leadership;
-use crate::k8s::{Writer, api_for};
+use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 use crate::moving::handshake::Handshake;
 use crate::restore::Applier;
 use crate::restore::plan::{self, PlanInput, Verdict};
@@ -403,26 +403,23 @@ const WATCH_PAGE_SIZE: u32 = 100;
 /// (re-)list with the uids it held, and the kind's unavailability while it cannot be watched
 /// (the watcher backs off as kube-runtime's default backoff says).
 async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSender<Change>) {
-    let api = api_for(&ctx.client, &kind, None);
-    let mut config = watcher::Config::default().page_size(WATCH_PAGE_SIZE);
-    if let Some(selector) = &ctx.options.selector {
-        config = config.labels(selector);
-    }
+    let request =
+        WatchRequest { namespace: None, selector: ctx.options.selector.as_deref(), page_size: WATCH_PAGE_SIZE };
     let mut listing: HashSet<String> = HashSet::new();
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut events = watch_objects(&ctx.client, &kind, &request);
     loop {
         let change = match events.try_next().await {
-            Ok(Some(watcher::Event::Apply(o))) => upsert(&kind, &o),
-            Ok(Some(watcher::Event::InitApply(o))) => {
+            Ok(Some(WatchEvent::Apply(o))) => upsert(&kind, &o),
+            Ok(Some(WatchEvent::InitApply(o))) => {
                 listing.extend(o.metadata.uid.clone());
                 upsert(&kind, &o)
             }
-            Ok(Some(watcher::Event::Delete(o))) => o.metadata.uid.clone().map(Change::Delete),
-            Ok(Some(watcher::Event::Init)) => {
+            Ok(Some(WatchEvent::Delete(o))) => o.metadata.uid.clone().map(Change::Delete),
+            Ok(Some(WatchEvent::Init)) => {
                 listing.clear();
                 None
             }
-            Ok(Some(watcher::Event::InitDone)) => {
+            Ok(Some(WatchEvent::InitDone)) => {
                 Some(Change::Listed { kind: kind.kind.clone(), uids: std::mem::take(&mut listing) })
             }
             Ok(None) => return,
@@ -451,22 +448,6 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
 /// [`LiveObject::compact`]), already here, so that what waits in the channel is small too.
 fn upsert(kind: &KindProfile, object: &kube::api::DynamicObject) -> Option<Change> {
     LiveObject::from_dynamic(kind, object).ok().map(|o| Change::Upsert(Box::new(o.compact())))
-}
-
-/// Why a kind cannot be watched (not served, forbidden), for the log, the metric and
-/// `/readyz`; `None` for an interruption the watcher recovers from.
-fn unavailable_reason(error: &watcher::Error) -> Option<String> {
-    let status = match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => Some(s),
-        watcher::Error::WatchError(s) => Some(s),
-        _ => None,
-    };
-    match status {
-        Some(s) if s.code == 404 => Some("not served by the API server (no CRD)".into()),
-        Some(s) if s.code == 403 => Some("forbidden by RBAC".into()),
-        _ => None,
-    }
 }
 
 /// What this instance does while it leads.

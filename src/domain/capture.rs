@@ -7,11 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::value::RawValue;
 
-use crate::domain::identity::{IdentityKey, KeyDigest, KindProfile};
+use crate::domain::identity::KindProfile;
 use crate::domain::object::RawObject;
 use crate::domain::pairing::{View, Views};
 use crate::format::{
-    CaptureSummary, Consistency, Inconsistency, KeyConflict, KindCount, ObjectRef, Record, Skipped, is_carried,
+    CaptureSummary, Consistency, IdentityKey, Inconsistency, KeyConflict, KeyDigest, KindCount, ObjectRef, Record,
+    Skipped, is_carried,
 };
 
 /// Why a kind or an object is not in the payload. Stable strings: they end up in manifests.

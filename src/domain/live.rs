@@ -15,9 +15,9 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::domain::annotations;
-use crate::domain::identity::{IdentityKey, KindProfile};
+use crate::domain::identity::KindProfile;
 use crate::domain::object::RawObject;
-use crate::format::{ObjectRef, is_carried};
+use crate::format::{IdentityKey, ObjectRef, is_carried};
 
 /// What restatus knows of a live object on the target.
 #[derive(Debug, Clone)]

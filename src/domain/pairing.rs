@@ -3,13 +3,14 @@
 //! Pure; checked after a restore and (for consistency) on every capture.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
 
 use serde::Serialize;
 
-use crate::domain::Names;
-use crate::domain::identity::{KindProfile, digest};
+use crate::Result;
+use crate::domain::identity::KindProfile;
 use crate::domain::object::RawObject;
-use crate::format::ObjectRef;
+use crate::format::{Names, ObjectRef, RecordHead, Records, digest};
 
 /// The API group whose Servers and ServerClaims pair up.
 pub const METAL_GROUP: &str = "metal.ironcore.dev";
@@ -243,6 +244,41 @@ pub struct Violation {
     pub reason: String,
 }
 
+/// The snapshot's metal-operator Servers named as a BMC's systems (`<bmc>-system-<n>`): the
+/// Servers a BMC waits for. Read from the records once, when a BMC first needs them.
+#[derive(Debug, Default)]
+pub struct SystemServers(OnceLock<Vec<RecordHead>>);
+
+impl SystemServers {
+    pub fn get(&self, records: &Records) -> Result<&[RecordHead]> {
+        if let Some(heads) = self.0.get() {
+            return Ok(heads);
+        }
+        let mut heads = Vec::new();
+        for r in records.of_kind("Server") {
+            let head = records.head(r)?;
+            if head.api_version.starts_with(METAL_GROUP) && head.name.contains("-system-") {
+                heads.push(head);
+            }
+        }
+        Ok(self.0.get_or_init(|| heads))
+    }
+}
+
+/// The Servers the snapshot holds for BMC `bmc`, by metal-operator's naming of the Servers a
+/// BMC's systems get: `<bmc>-system-<index>`.
+pub fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r str> {
+    let prefix = format!("{bmc}-system-");
+    // `records` are metal-operator Servers already (see `SystemServers`).
+    records
+        .iter()
+        .filter(|r| {
+            r.name.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|r| r.name.as_str())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,5 +379,20 @@ mod tests {
         assert_eq!(ServerView::from_raw(&s), server("s1", "Reserved", Some(("a", "c1"))));
         let c = RawObject::parse(r#"{"metadata":{"name":"c1","namespace":"a"},"spec":{"serverRef":{"name":"s1"}},"status":{"phase":"Bound"}}"#).unwrap();
         assert_eq!(ClaimView::from_raw(&c), claim("a", "c1", "Bound", Some("s1")));
+    }
+
+    #[test]
+    fn a_bmc_awaits_the_servers_of_its_systems_named_as_metal_operator_names_them() {
+        let server = |name: &str| crate::fixtures::record("Server", name, &[], serde_json::json!({})).split().0;
+        let records = [
+            server("rack1-bmc-system-0"),
+            server("rack1-bmc-system-1"),
+            server("rack1-bmc-system-x"),
+            server("rack1-bmc-system-"),
+            server("rack1-bmc-2-system-0"),
+            server("other-bmc-system-0"),
+        ];
+        assert_eq!(servers_of_bmc("rack1-bmc", &records), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
+        assert!(servers_of_bmc("rack2-bmc", &records).is_empty());
     }
 }

@@ -4,21 +4,25 @@
 //! Everything here is pure: no I/O but `std::io::Write`/`Read` on memory.
 
 mod id;
+mod key;
 mod manifest;
+mod names;
 mod payload;
 mod record;
 mod records;
 mod spill;
 
 pub use id::SnapshotId;
+pub use key::{IdentityKey, KeyDigest, digest};
 pub use manifest::{
     CLOCK_SKEW_TOLERANCE, CaptureSummary, Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest,
     ObjectRef, PayloadInfo, Skipped, is_ahead_of,
 };
-pub use payload::{FRAME_BYTES, PayloadEncoder, PayloadSummary, decode_records, verify_payload};
+pub use names::Names;
+pub use payload::{FRAME_BYTES, PayloadEncoder, PayloadSummary, decode_records};
 pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, RecordHead, is_carried};
 pub use records::Records;
-pub use spill::{Payload, SpillWriter};
+pub use spill::{Payload, SpillWriter, verify_payload};
 
 /// The major format version this build writes and reads. Readers refuse other majors.
 pub const FORMAT_MAJOR: u32 = 1;

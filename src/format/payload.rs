@@ -121,28 +121,6 @@ impl PayloadEncoder {
     }
 }
 
-/// Checks size and sha256 of a stored payload against its manifest. Nothing is decompressed.
-pub fn verify_payload(manifest: &Manifest, payload: &[u8]) -> Result<(), Error> {
-    check_digest(manifest, payload.len() as u64, &hex::encode(Sha256::digest(payload)))
-}
-
-/// Checks a payload's measured size and sha256 against its manifest's.
-pub(crate) fn check_digest(manifest: &Manifest, size: u64, sha256: &str) -> Result<(), Error> {
-    let id = &manifest.snapshot_id;
-    if size != manifest.payload.size {
-        let declared = manifest.payload.size;
-        return Err(Error::corrupt(
-            id,
-            format!("payload has {size} bytes, manifest declares {declared} (truncated or replaced)"),
-        ));
-    }
-    if !sha256.eq_ignore_ascii_case(&manifest.payload.sha256) {
-        let declared = &manifest.payload.sha256;
-        return Err(Error::corrupt(id, format!("payload sha256 is {sha256}, manifest declares {declared}")));
-    }
-    Ok(())
-}
-
 /// Verifies the payload (size and sha256, before anything is decompressed), then
 /// decompresses its zstd frames in order, never more than the manifest declares in all, and
 /// hands each to `visit` with its byte range in the payload; checks at the end that they

@@ -3,8 +3,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::ObjectRef;
-use crate::domain::identity::IdentityKey;
+use super::{IdentityKey, ObjectRef};
 
 /// Annotation and label prefixes a record carries over from the live object: restatus's own
 /// bookkeeping and metal-operator's operation annotation (`ignore` must survive a restore).

@@ -18,10 +18,8 @@ use serde_json::value::RawValue;
 
 use super::payload::{check_count, decompress, frame_lines, walk_frames};
 use super::spill::Payload;
-use super::{FRAME_BYTES, Manifest, Record, RecordHead};
+use super::{FRAME_BYTES, IdentityKey, KeyDigest, Manifest, Names, Record, RecordHead};
 use crate::Error;
-use crate::domain::Names;
-use crate::domain::identity::{IdentityKey, KeyDigest};
 
 /// Frames larger than this keep their records in memory when decoded.
 const LARGE_FRAME: u64 = 4 * FRAME_BYTES;

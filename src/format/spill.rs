@@ -1,7 +1,7 @@
 //! A payload as a reader holds it: in memory, or spilled to an unnamed temporary file so that
 //! memory does not grow with the size of the snapshot. Either way it is verified (size and
 //! sha256 against the manifest) before anything is decompressed, and frames are read from it
-//! by byte range.
+//! by byte range. The payload format ([`super::payload`]) reads through it.
 
 use std::borrow::Cow;
 use std::io::Write;
@@ -12,7 +12,6 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::Manifest;
-use super::payload::{check_digest, verify_payload};
 use crate::Error;
 
 /// A payload's compressed bytes.
@@ -82,6 +81,28 @@ impl Payload {
             }
         }
     }
+}
+
+/// Checks size and sha256 of a stored payload against its manifest. Nothing is decompressed.
+pub fn verify_payload(manifest: &Manifest, payload: &[u8]) -> Result<(), Error> {
+    check_digest(manifest, payload.len() as u64, &hex::encode(Sha256::digest(payload)))
+}
+
+/// Checks a payload's measured size and sha256 against its manifest's.
+fn check_digest(manifest: &Manifest, size: u64, sha256: &str) -> Result<(), Error> {
+    let id = &manifest.snapshot_id;
+    if size != manifest.payload.size {
+        let declared = manifest.payload.size;
+        return Err(Error::corrupt(
+            id,
+            format!("payload has {size} bytes, manifest declares {declared} (truncated or replaced)"),
+        ));
+    }
+    if !sha256.eq_ignore_ascii_case(&manifest.payload.sha256) {
+        let declared = &manifest.payload.sha256;
+        return Err(Error::corrupt(id, format!("payload sha256 is {sha256}, manifest declares {declared}")));
+    }
+    Ok(())
 }
 
 /// Writes a payload into an unnamed temporary file as it downloads.

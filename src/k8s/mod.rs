@@ -5,6 +5,7 @@ pub mod client;
 pub mod events;
 pub mod leader;
 pub mod list;
+pub mod watch;
 pub mod writer;
 
 use kube::api::{Api, DynamicObject};
@@ -13,8 +14,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use crate::domain::identity::KindProfile;
 
 pub use client::{USER_AGENT, client, connect};
-pub use list::{DEFAULT_PAGE_SIZE, PageRequest, list_objects};
-pub use writer::{FIELD_MANAGER, Writer};
+pub use list::{DEFAULT_PAGE_SIZE, LIST_RESTARTS, Page, PageRequest, Pager, list_objects};
+pub use writer::{FIELD_MANAGER, Writer, annotate};
 
 /// A dynamic API handle for `kind`: in `namespace` for a namespaced kind, else cluster-wide.
 pub fn api_for(client: &kube::Client, kind: &KindProfile, namespace: Option<&str>) -> Api<DynamicObject> {

@@ -126,6 +126,31 @@ impl Writer {
     }
 }
 
+/// A JSON merge patch of the annotations of `kind` `name`, as restatus: each key set to its
+/// value, or removed where the value is null. `Ok(false)` when the object is gone.
+pub async fn annotate(
+    client: &kube::Client,
+    kind: &KindProfile,
+    namespace: Option<&str>,
+    name: &str,
+    annotations: &impl Serialize,
+) -> Result<bool> {
+    let context = || match namespace {
+        Some(ns) => format!("annotate {} {ns}/{name}", kind.kind),
+        None => format!("annotate {} {name}", kind.kind),
+    };
+    let body = serde_json::json!({"metadata": {"annotations": annotations}});
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    let request = kube::core::Request::new(kind.list_path_in(namespace))
+        .patch(name, &params, &Patch::Merge(&body))
+        .map_err(|e| Error::kube(context(), kube::Error::BuildRequest(e)))?;
+    match client.request_text(request).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+        Err(e) => Err(Error::kube(context(), e)),
+    }
+}
+
 #[cfg(test)]
 impl Writer {
     /// A writer on a scripted client that knows which kinds have a status subresource.

@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::{Map, Value, json};
 use tracing::{info, warn};
@@ -30,10 +29,10 @@ use tracing::{info, warn};
 use crate::backup::{self, BackupOptions};
 use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, FINAL_SNAPSHOT_ANNOTATION, QUIESCED_BY_ANNOTATION};
 use crate::format::Manifest;
-use crate::k8s::{FIELD_MANAGER, api_for, events, list_objects};
+use crate::k8s::{annotate, events, list_objects};
 use crate::moving::cluster::{self, ClusterView};
 use crate::store::SnapshotStore;
-use crate::{Error, Result, TOOL_NAME};
+use crate::{Result, TOOL_NAME};
 
 /// The handshake's memory between two steps. It is also written on the paused Clusters (their
 /// final-snapshot annotation) before anything is quiesced, so a new leader picks it up.
@@ -187,11 +186,8 @@ impl Handshake {
     }
 
     async fn annotate_cluster(&self, c: &ClusterView, annotations: Value) -> Result<()> {
-        let api = api_for(&self.client, &cluster::cluster_kind(), Some(&c.namespace));
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        api.patch(&c.name, &params, &Patch::Merge(json!({"metadata": {"annotations": annotations}})))
-            .await
-            .map_err(|e| Error::kube(format!("annotate Cluster {}/{}", c.namespace, c.name), e))?;
+        // A Cluster deleted meanwhile is gone from the next step's view: nothing to annotate.
+        annotate(&self.client, &cluster::cluster_kind(), Some(&c.namespace), &c.name, &annotations).await?;
         Ok(())
     }
 
@@ -212,7 +208,6 @@ impl Handshake {
         &self,
         changes: impl Fn(&BTreeMap<String, String>) -> Option<Map<String, Value>>,
     ) -> Result<usize> {
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
         let mut count = 0;
         for kind in self.backup.profile.kinds.iter().filter(|k| !k.is_denied()) {
             let mut targets: Vec<(Option<String>, String, Map<String, Value>)> = Vec::new();
@@ -225,12 +220,8 @@ impl Handshake {
             })
             .await?;
             for (namespace, name, changes) in targets {
-                let api = api_for(&self.client, kind, namespace.as_deref());
-                let body = json!({"metadata": {"annotations": changes}});
-                match api.patch(&name, &params, &Patch::Merge(&body)).await {
-                    Ok(_) => count += 1,
-                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                    Err(e) => return Err(Error::kube(format!("annotate {} {name}", kind.kind), e)),
+                if annotate(&self.client, kind, namespace.as_deref(), &name, &changes).await? {
+                    count += 1;
                 }
             }
         }

@@ -13,15 +13,15 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::runtime::watcher;
 use serde::Serialize;
 use tracing::info;
 
 use crate::backup::{self, BackupOptions};
-use crate::domain::identity::{KeyDigest, KindProfile, Profile};
+use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
-use crate::format::{Consistency, ObjectRef, Records};
-use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, api_for};
+use crate::format::{Consistency, KeyDigest, ObjectRef, Records};
+use crate::k8s::watch::changes;
+use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 use crate::moving::cluster::{self, ClusterView, MachineView};
 use crate::restore::read_live;
 use crate::store::{SnapshotStore, choose_snapshot};
@@ -187,9 +187,7 @@ pub async fn wait(
     let profile_kinds = opts.profile.kinds.iter().filter(|k| !k.is_denied()).map(|k| (k.clone(), None));
     let capi = [cluster::cluster_kind(), cluster::machine_kind()].map(|k| (k, opts.cluster_namespace.as_deref()));
     let kinds: Vec<(KindProfile, Option<&str>)> = profile_kinds.chain(capi).collect();
-    let streams = kinds.iter().map(|(kind, namespace)| {
-        watcher(api_for(client, kind, *namespace), watcher::Config::default()).map(|_| ()).boxed()
-    });
+    let streams = kinds.iter().map(|(kind, namespace)| changes(client, kind, *namespace));
     let mut changes = futures::stream::select_all(streams);
     loop {
         let report = gather(client, store, opts).await?;

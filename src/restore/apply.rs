@@ -19,8 +19,6 @@
 //! patch of the object itself. Requests and answers stay raw JSON: restatus reads a handful
 //! of fields from each answer, never the whole object.
 
-use std::sync::OnceLock;
-
 use futures::{StreamExt, stream};
 use kube::runtime::events::{Event, EventType};
 use serde::Serialize;
@@ -32,7 +30,7 @@ use crate::domain::annotations::{self, RESTORED_FROM_ANNOTATION};
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
-use crate::domain::pairing::{METAL_GROUP, ServerView, View};
+use crate::domain::pairing::{METAL_GROUP, ServerView, SystemServers, View, servers_of_bmc};
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
 use crate::k8s::Writer;
 use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
@@ -75,27 +73,6 @@ pub struct Applier<'a> {
     shared_system_servers: Option<&'a SystemServers>,
     /// The system Servers of `snapshot_records`, read when a BMC first needs them.
     system_servers: SystemServers,
-}
-
-/// The snapshot's metal-operator Servers named as a BMC's systems (`<bmc>-system-<n>`): the
-/// Servers a BMC waits for. Read from the records once, when a BMC first needs them.
-#[derive(Debug, Default)]
-pub struct SystemServers(OnceLock<Vec<RecordHead>>);
-
-impl SystemServers {
-    pub fn get(&self, records: &Records) -> Result<&[RecordHead]> {
-        if let Some(heads) = self.0.get() {
-            return Ok(heads);
-        }
-        let mut heads = Vec::new();
-        for r in records.of_kind("Server") {
-            let head = records.head(r)?;
-            if head.api_version.starts_with(METAL_GROUP) && head.name.contains("-system-") {
-                heads.push(head);
-            }
-        }
-        Ok(self.0.get_or_init(|| heads))
-    }
 }
 
 impl<'a> Applier<'a> {
@@ -485,20 +462,6 @@ impl<'a> WriteSequence<'a> {
     }
 }
 
-/// The Servers the snapshot holds for BMC `bmc`, by metal-operator's naming of the Servers a
-/// BMC's systems get: `<bmc>-system-<index>`.
-fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r str> {
-    let prefix = format!("{bmc}-system-");
-    // `records` are metal-operator Servers already (see `SystemServers`).
-    records
-        .iter()
-        .filter(|r| {
-            r.name.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .map(|r| r.name.as_str())
-        .collect()
-}
-
 /// The status subresource's new content: exactly the record's status (its raw JSON, as
 /// is), on the resourceVersion the decision was made on. The API server takes nothing
 /// else from a status replace.
@@ -782,21 +745,6 @@ mod tests {
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
         assert_eq!(outcome.held.as_deref(), Some("waits for ServerClaim a/claim-1"));
-    }
-
-    #[test]
-    fn a_bmc_awaits_the_servers_of_its_systems_named_as_metal_operator_names_them() {
-        let server = |name: &str| record("Server", name, &[], json!({})).split().0;
-        let records = [
-            server("rack1-bmc-system-0"),
-            server("rack1-bmc-system-1"),
-            server("rack1-bmc-system-x"),
-            server("rack1-bmc-system-"),
-            server("rack1-bmc-2-system-0"),
-            server("other-bmc-system-0"),
-        ];
-        assert_eq!(servers_of_bmc("rack1-bmc", &records), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
-        assert!(servers_of_bmc("rack2-bmc", &records).is_empty());
     }
 
     #[tokio::test]

@@ -11,25 +11,24 @@ pub mod apply;
 pub mod live;
 pub mod plan;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, future};
 use jiff::Timestamp;
 use serde::Serialize;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 pub use apply::{Applier, Outcome};
 pub use live::{LiveState, read_live};
 pub use plan::{KindMatcher, LiveKeys, PlanInput, PlanItem, RestorePlan, Verdict};
 
 use crate::Result;
-use crate::domain::identity::{KindProfile, Profile, digest};
+use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::pairing::{View, Views, Violation};
 use crate::format::SnapshotId;
-use crate::k8s::list::{ListPage, fetch_page, parse_item};
-use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Writer, list_objects};
+use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Pager, Writer, list_objects};
 use crate::store::{Passed, SnapshotStore, choose_snapshot};
 
 #[derive(Debug, Clone)]
@@ -180,28 +179,15 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
     Ok(report)
 }
 
-/// Listings restarted after their continue token expired, at most.
-const LIST_RESTARTS: usize = 3;
-
 /// The digests of every key the live objects of `kind` carry, and how many carry each.
 async fn live_keys(client: &kube::Client, kind: &KindProfile, page: &PageRequest<'_>) -> Result<LiveKeys> {
-    let mut restarts = 0;
-    loop {
-        let mut keys = LiveKeys::default();
-        let listed = list_objects(client, kind, page, |object| {
-            keys.add(&kind.kind, &kind.keys_of(object));
-            Ok(())
-        })
-        .await;
-        match listed {
-            Ok(_) => return Ok(keys),
-            Err(e) if e.is_expired_list() && restarts < LIST_RESTARTS => {
-                warn!(kind = %kind.kind, error = %e, "listing outlived its continue token; listing again");
-                restarts += 1;
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    let mut keys = LiveKeys::default();
+    list_objects(client, kind, page, |object| {
+        keys.add(&kind.kind, &kind.keys_of(object));
+        Ok(())
+    })
+    .await?;
+    Ok(keys)
 }
 
 /// Lists `kind` page by page, plans each page, tallies it and sends each writing item with
@@ -215,36 +201,18 @@ async fn plan_pages(
     tally: &mut Tally,
     mut writes: mpsc::Sender<(PlanItem, LiveObject)>,
 ) -> Result<()> {
-    let page = opts.page();
-    let mut token: Option<String> = None;
-    // A listing slowed down by the writes can outlive its continue token: it then starts
-    // again, past the objects it handled already (by uid).
-    let (mut handled, mut restarts) = (HashSet::new(), 0);
-    loop {
-        let body = match fetch_page(client, kind, &page, token.as_deref()).await {
-            Ok(Some(body)) => body,
-            Ok(None) => return Ok(()),
-            Err(e) if e.is_expired_list() && restarts < LIST_RESTARTS => {
-                warn!(kind = %kind.kind, error = %e, handled = handled.len(), "listing outlived its continue token; listing again");
-                (token, restarts) = (None, restarts + 1);
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let list = ListPage::parse(kind, &body)?;
-        let mut live = Vec::with_capacity(list.items.len());
-        for item in &list.items {
-            let object = parse_item(kind, item)?;
-            if object.meta.uid.is_some() && !handled.insert(digest(object.meta.uid.as_deref())) {
-                continue;
-            }
+    // A listing slowed down by the writes can outlive its continue token: the pager then
+    // lists again, past the objects it handed out already.
+    let mut pager = Pager::new(client, kind, &opts.page());
+    while let Some(page) = pager.next().await? {
+        let mut live = Vec::with_capacity(page.len());
+        for object in pager.objects(&page) {
+            let object = object?;
             tally.views.extend(View::of(kind, &object));
             let object = LiveObject::from_raw(kind, &object);
             live.push(if opts.explain { object } else { object.compact() });
         }
-        token = list.next().map(str::to_string);
-        drop(list);
-        drop(body);
+        drop(page);
         let items = matcher.page(&PlanInput { live: &live, ..*input }, 0..live.len())?;
         opts.progress.advance(items.iter().filter(|i| i.record.is_some()).count() as u64);
         for item in items {
@@ -255,10 +223,8 @@ async fn plan_pages(
                 let _ = writes.send((item, object)).await;
             }
         }
-        if token.is_none() {
-            return Ok(());
-        }
     }
+    Ok(())
 }
 
 /// What the writes of one kind left for the report.
@@ -300,41 +266,15 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::api::{self, answer};
+    use crate::fixtures::api::{self, list_with_an_expired_token};
     use crate::fixtures::{SNAPSHOT_TIME, manifest, record, ts, uuid};
     use crate::format::Records;
-    use http::StatusCode;
     use serde_json::json;
-
-    fn server(name: &str) -> serde_json::Value {
-        json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
-               "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"},
-               "spec": {"systemUUID": format!("uuid-{name}")}})
-    }
-
-    fn page(names: &[&str], next: &str) -> String {
-        let items: Vec<_> = names.iter().map(|n| server(n)).collect();
-        json!({"kind": "ServerList", "metadata": {"continue": next}, "items": items}).to_string()
-    }
-
-    fn expired() -> String {
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
-               "message": "The provided continue parameter is too old to display a consistent list result."})
-        .to_string()
-    }
-
-    /// The API server lists a, b; expires the continue token; then lists a, b and c.
-    async fn list_with_an_expired_token(mut api: api::Handle) {
-        answer(&mut api, StatusCode::OK, page(&["a", "b"], "t1")).await;
-        answer(&mut api, StatusCode::GONE, expired()).await;
-        answer(&mut api, StatusCode::OK, page(&["a", "b"], "t2")).await;
-        answer(&mut api, StatusCode::OK, page(&["c"], "")).await;
-    }
 
     #[tokio::test]
     async fn a_key_count_that_outlives_its_continue_token_lists_again_from_the_start() {
         let (client, handle) = api::client();
-        let server = tokio::spawn(list_with_an_expired_token(handle));
+        let server = tokio::spawn(list_with_an_expired_token(handle, None));
         let profile = Profile::metal_operator();
         let kind = profile.kind("Server").unwrap();
         let keys = live_keys(&client, kind, &PageRequest { size: 2, ..Default::default() }).await.unwrap();
@@ -347,7 +287,7 @@ mod tests {
     #[tokio::test]
     async fn pages_listed_again_after_an_expired_token_plan_each_object_once() {
         let (client, handle) = api::client();
-        let server = tokio::spawn(list_with_an_expired_token(handle));
+        let server = tokio::spawn(list_with_an_expired_token(handle, None));
         let profile = Profile::metal_operator();
         let kind = profile.kind("Server").unwrap();
         let records = Records::from_records(

@@ -17,8 +17,9 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::domain::identity::{IdentityKey, KeyDigest, KindProfile, Profile};
+use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
+use crate::format::{IdentityKey, KeyDigest};
 use serde_json::value::RawValue;
 
 use crate::Result;
