@@ -11,13 +11,15 @@
 //! * pure: [`domain`] (raw objects, identity keys, annotations, pairing, capture verdicts,
 //!   live objects) and [`format`] (records, manifest, payload).
 //!
-//! [`fleet`] makes sample fleets for the demo, tests and benchmarks.
+//! `fleet` (feature `fleet`) makes sample fleets for the demo, tests and benchmarks; the
+//! `restatus` binary is built without it.
 
 pub mod backup;
 pub mod compare;
 pub mod controller;
 pub mod domain;
 pub mod error;
+#[cfg(feature = "fleet")]
 pub mod fleet;
 pub mod format;
 pub mod k8s;
