@@ -15,7 +15,6 @@
 //! `restatus` binary is built without it.
 
 pub mod backup;
-pub mod compare;
 pub mod controller;
 pub mod domain;
 pub mod error;

@@ -94,8 +94,8 @@ pub fn cluster_table(clusters: &[restatus::store::clusters::ClusterEntry]) -> St
 }
 
 /// `snapshots diff` as a table: one line per object, then one per changed field.
-pub fn diff_table(d: &restatus::compare::SnapshotDiff) -> String {
-    let name = |o: &restatus::compare::ObjectDiff| match (&o.name_in_a, &o.name_in_b) {
+pub fn diff_table(d: &restatus::domain::compare::SnapshotDiff) -> String {
+    let name = |o: &restatus::domain::compare::ObjectDiff| match (&o.name_in_a, &o.name_in_b) {
         (Some(a), Some(b)) if a != b => format!("{a} -> {b}"),
         (Some(n), _) | (None, Some(n)) => n.clone(),
         (None, None) => String::new(),

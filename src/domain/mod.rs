@@ -5,11 +5,15 @@
 //! * [`annotations`]: the annotations restatus reads and writes on other people's objects;
 //! * [`pairing`]: metal-operator's claim/server invariant;
 //! * [`capture`]: which objects become records and whether a capture is consistent;
-//! * [`live`]: what restatus knows of a live object on the target.
+//! * [`live`]: what restatus knows of a live object on the target;
+//! * [`status`]: a status as JSON, compared per top-level field and merge-patched;
+//! * [`compare`]: two snapshots compared object by object (`snapshots diff`).
 
 pub mod annotations;
 pub mod capture;
+pub mod compare;
 pub mod identity;
 pub mod live;
 pub mod object;
 pub mod pairing;
+pub mod status;

@@ -9,6 +9,16 @@ use super::{FORMAT_MAJOR, FORMAT_MINOR, SnapshotId};
 use crate::Error;
 
 /// `major.minor`. A reader accepts every minor of its own major and refuses other majors.
+/// What the encoder measured; goes into the manifest's `payload` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadSummary {
+    pub size: u64,
+    pub uncompressed_size: u64,
+    pub sha256: String,
+    pub records: u64,
+    pub frames: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct FormatVersion {
@@ -146,7 +156,7 @@ impl Manifest {
         created_at: Timestamp,
         profile: &str,
         capture: CaptureSummary,
-        payload: super::PayloadSummary,
+        payload: PayloadSummary,
     ) -> Manifest {
         Manifest {
             format_version: FormatVersion::CURRENT,

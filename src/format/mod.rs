@@ -16,10 +16,10 @@ pub use id::SnapshotId;
 pub use key::{IdentityKey, KeyDigest, digest};
 pub use manifest::{
     CLOCK_SKEW_TOLERANCE, CaptureSummary, Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest,
-    ObjectRef, PayloadInfo, Skipped, is_ahead_of,
+    ObjectRef, PayloadInfo, PayloadSummary, Skipped, is_ahead_of,
 };
 pub use names::Names;
-pub use payload::{FRAME_BYTES, PayloadEncoder, PayloadSummary, decode_records};
+pub use payload::{FRAME_BYTES, PayloadEncoder, decode_records};
 pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, RecordHead, is_carried};
 pub use records::Records;
 pub use spill::{Payload, SpillWriter, verify_payload};

@@ -14,18 +14,8 @@ use std::ops::Range;
 use sha2::{Digest, Sha256};
 
 use super::spill::Payload;
-use super::{Manifest, Record};
+use super::{Manifest, PayloadSummary, Record};
 use crate::Error;
-
-/// What the encoder measured; goes into the manifest's `payload` section.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PayloadSummary {
-    pub size: u64,
-    pub uncompressed_size: u64,
-    pub sha256: String,
-    pub records: u64,
-    pub frames: u64,
-}
 
 /// A frame is ended after the record that takes it to this many uncompressed bytes. Small
 /// enough that reading one status costs little; large enough that racks of similar servers

@@ -31,6 +31,7 @@ use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
 use crate::domain::pairing::{METAL_GROUP, ServerView, SystemServers, View, servers_of_bmc};
+use crate::domain::status;
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
 use crate::k8s::Writer;
 use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
@@ -505,7 +506,7 @@ fn status_patch(current: &LiveObject, record: &Record) -> serde_json::Result<Box
         None => record.status.clone(),
         Some(live) => {
             let wanted: Value = serde_json::from_str(record.status.get())?;
-            serde_json::value::to_raw_value(&plan::status_patch(Some(&live), &wanted))?
+            serde_json::value::to_raw_value(&status::status_patch(Some(&live), &wanted))?
         }
     };
     let version = serde_json::to_string(&current.resource_version)?;

@@ -16,14 +16,13 @@ use std::fmt;
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
-
-use crate::domain::identity::{KindProfile, Profile};
-use crate::domain::live::LiveObject;
-use crate::format::{IdentityKey, KeyDigest};
 use serde_json::value::RawValue;
 
 use crate::Result;
-use crate::format::{ObjectRef, Record, Records, SnapshotId};
+use crate::domain::identity::{KindProfile, Profile};
+use crate::domain::live::LiveObject;
+use crate::domain::status::{FieldChange, diff};
+use crate::format::{IdentityKey, KeyDigest, ObjectRef, Record, Records, SnapshotId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -61,23 +60,6 @@ impl Verdict {
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// One top-level status field a restore changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FieldChange {
-    pub field: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub from: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub to: Option<String>,
-}
-
-impl fmt::Display for FieldChange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".into());
-        write!(f, "status.{}: {} -> {}", self.field, show(&self.from), show(&self.to))
     }
 }
 
@@ -466,41 +448,6 @@ fn written_before(written: Timestamp, snapshot: Timestamp) -> bool {
     written.as_second() < snapshot.as_second()
 }
 
-/// Top-level fields of `to` that differ from `from`, summarised for people.
-pub fn diff(from: Option<&Value>, to: &Value) -> Vec<FieldChange> {
-    let empty = serde_json::Map::new();
-    let from = from.and_then(Value::as_object).unwrap_or(&empty);
-    let to = to.as_object().unwrap_or(&empty);
-    let mut fields: Vec<&String> = from.keys().chain(to.keys()).collect();
-    fields.sort();
-    fields.dedup();
-    fields
-        .into_iter()
-        .filter(|f| from.get(*f) != to.get(*f))
-        .map(|f| FieldChange { field: f.clone(), from: from.get(f).map(summary), to: to.get(f).map(summary) })
-        .collect()
-}
-
-fn summary(v: &Value) -> String {
-    match v {
-        Value::Array(items) => format!("[{} items]", items.len()),
-        Value::Object(map) => format!("{{{} fields}}", map.len()),
-        other => other.to_string(),
-    }
-}
-
-/// The status to write: the record's, with `null` for live top-level fields the record lacks,
-/// so a JSON merge patch leaves exactly the record's status.
-pub fn status_patch(live: Option<&Value>, record: &Value) -> Value {
-    let mut patch = record.clone();
-    if let (Some(Value::Object(live)), Value::Object(out)) = (live, &mut patch) {
-        for key in live.keys() {
-            out.entry(key.clone()).or_insert(Value::Null);
-        }
-    }
-    patch
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -831,13 +778,6 @@ mod tests {
         let p = run(&[record("Server", "s1", &[k], reserved())], &[users], false);
         assert!(!p.items[0].release);
         assert_eq!(p.writes(), 0);
-    }
-
-    #[test]
-    fn status_patch_removes_fields_the_record_lacks() {
-        let live = json!({"state": "Initial", "powerState": "Off"});
-        let patch = status_patch(Some(&live), &json!({"state": "Reserved"}));
-        assert_eq!(patch, json!({"state": "Reserved", "powerState": null}));
     }
 
     #[test]

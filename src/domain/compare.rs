@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::domain::status::{FieldChange, diff};
 use crate::format::Record;
-use crate::restore::plan::{FieldChange, diff};
 use crate::{Error, Result};
 
 /// One object that differs between A and B.
