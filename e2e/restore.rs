@@ -10,7 +10,7 @@ use restatus::domain::identity::Profile;
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use restatus::k8s::Writer;
 use restatus::restore::plan::{self, PlanInput, Verdict};
-use restatus::restore::{self, Applier, RestoreOptions};
+use restatus::restore::{Applier, RestoreOptions};
 use serde_json::{Value, json};
 
 use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, stdout, unique};
@@ -313,7 +313,7 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
     let store = s.bed.store(&s.storage, &s.cluster);
     let options = s.options();
     let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
-    let live = restore::read_live(&target, &options.profile, &options.page(), true).await.unwrap();
+    let live = restatus::moving::live::read_live(&target, &options.profile, &options.page(), true).await.unwrap();
     let plan = plan::plan(&PlanInput {
         profile: &options.profile,
         snapshot: &loaded.manifest.snapshot_id,

@@ -3,13 +3,18 @@
 //! Layers, top to bottom (a module imports only from layers below it; see
 //! `docs/ARCHITECTURE.md`):
 //!
-//! * flows: [`controller`] (watch-driven restore) and [`moving`] (preflight, move handshake)
-//!   on top of [`backup`] (capture → encode → store, schedule) and [`restore`]
-//!   (choose → read live → plan → apply → check pairing);
-//! * edges: [`k8s`] (clients, listing, writes, events, leader election) and [`store`]
-//!   (object store layout, snapshot choice, retention);
-//! * pure: [`domain`] (raw objects, identity keys, annotations, pairing, capture verdicts,
-//!   live objects) and [`format`] (records, manifest, payload).
+//! * flows: [`controller`] (watch-driven restore) on [`moving`] (preflight, move handshake)
+//!   on [`backup`] (capture → encode → store, schedule) and [`restore`] (choose → per kind:
+//!   list keys, then plan and apply page by page → check pairing);
+//! * shared by the flows: [`metrics`] (the bucket's newest snapshot, OpenMetrics text);
+//! * edges: [`k8s`] (clients, the pager, watches, writes, events, leader election) and
+//!   [`store`] (object store layout, snapshot choice, retention, cluster ids);
+//! * pure: [`domain`] (raw objects, profiles, annotations, pairing, capture verdicts, live
+//!   objects, status diffs, snapshot comparison) on [`format`] (identity keys, records,
+//!   manifest, payload);
+//! * support: [`error`], [`progress`], [`telemetry`].
+//!
+//! `tests/layers.rs` checks these layers against the code.
 //!
 //! `fleet` (feature `fleet`) makes sample fleets for the demo, tests and benchmarks; the
 //! `restatus` binary is built without it.

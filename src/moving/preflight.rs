@@ -23,7 +23,7 @@ use crate::format::{Consistency, KeyDigest, ObjectRef, Records};
 use crate::k8s::watch::changes;
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 use crate::moving::cluster::{self, ClusterView, MachineView};
-use crate::restore::read_live;
+use crate::moving::live::read_live;
 use crate::store::{SnapshotStore, choose_snapshot};
 use crate::{Error, Result};
 

@@ -8,7 +8,6 @@
 //! each (the others as they were listed).
 
 pub mod apply;
-pub mod live;
 pub mod plan;
 
 use std::collections::BTreeMap;
@@ -20,7 +19,6 @@ use serde::Serialize;
 use tracing::{debug, info};
 
 pub use apply::{Applier, Outcome};
-pub use live::{LiveState, read_live};
 pub use plan::{KindMatcher, LiveKeys, PlanInput, PlanItem, RestorePlan, Verdict};
 
 use crate::Result;

@@ -1,5 +1,6 @@
-//! The target's side of a restore: every live object of the profile, read once, with the
-//! claim/server pairing views and the consistency verdict a capture of them would get.
+//! A cluster's live objects for preflight: every object of the profile, read once (one listing
+//! a kind), with the claim/server pairing views and the consistency verdict a capture of them
+//! would get.
 
 use crate::Result;
 use crate::domain::capture::Collector;
