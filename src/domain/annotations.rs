@@ -45,11 +45,15 @@ pub fn quiesce_annotations(annotations: &BTreeMap<String, String>) -> Map<String
 }
 
 /// The merge-patch annotations that remove restatus's `ignore` from an object that
-/// `annotations` describe (null deletes a key), putting back the operation it replaced.
+/// `annotations` describe (null deletes a key), putting back the operation it replaced. When
+/// the operation is no longer restatus's `ignore` (a person set `park`, or removed it), it is
+/// left as it is and only restatus's marks go: restatus never overwrites what someone else set.
 pub fn release_annotations(annotations: &BTreeMap<String, String>) -> Map<String, Value> {
-    let operation = annotations.get(OPERATION_WAS_ANNOTATION).map_or(Value::Null, |v| v.clone().into());
     let mut changes = Map::new();
-    changes.insert(OPERATION_ANNOTATION.into(), operation);
+    if annotations.get(OPERATION_ANNOTATION).is_some_and(|v| v == OPERATION_IGNORE) {
+        let operation = annotations.get(OPERATION_WAS_ANNOTATION).map_or(Value::Null, |v| v.clone().into());
+        changes.insert(OPERATION_ANNOTATION.into(), operation);
+    }
     changes.insert(QUIESCED_BY_ANNOTATION.into(), Value::Null);
     changes.insert(OPERATION_WAS_ANNOTATION.into(), Value::Null);
     changes
@@ -115,5 +119,20 @@ mod tests {
             Value::Object(release_annotations(&ours)),
             json!({OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null})
         );
+    }
+
+    #[test]
+    fn an_operation_someone_set_after_the_quiesce_is_left_on_release() {
+        for (now, what) in [(Some("park"), "a park"), (Some("ForceReset"), "a reset"), (None, "no operation")] {
+            let mut seen = annotations(&[(QUIESCED_BY_ANNOTATION, "restatus"), (OPERATION_WAS_ANNOTATION, "retry")]);
+            if let Some(now) = now {
+                seen.insert(OPERATION_ANNOTATION.into(), now.into());
+            }
+            assert_eq!(
+                Value::Object(release_annotations(&seen)),
+                json!({QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null}),
+                "{what} set by a person stays as it is; only restatus's marks go"
+            );
+        }
     }
 }

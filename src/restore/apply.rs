@@ -216,13 +216,10 @@ impl<'a> WriteSequence<'a> {
             written = self.retry_on_conflict(record).await?;
         }
         let restored = written.is_some();
-        let mut changes = serde_json::Map::new();
-        if restored {
-            changes.insert(RESTORED_FROM_ANNOTATION.into(), self.applier.manifest.snapshot_id.as_str().into());
-        }
         // Whatever the outcome, an ignore that restatus set is removed: the object's status is
         // settled (restored, equal, or moved on) and metal-operator may take over; but not
         // while the object's pairing partner has yet to arrive.
+        let mut release = false;
         if self.owns_ignore {
             let verdict = self.verdict.unwrap_or(item.verdict);
             let snapshots_status = matches!(verdict, Verdict::Restore | Verdict::AlreadyEqual);
@@ -231,12 +228,12 @@ impl<'a> WriteSequence<'a> {
                     info!(object = %self.current.object_ref(), %reason, "keeping restatus's ignore");
                     self.held = Some(reason);
                 }
-                None => changes.extend(annotations::release_annotations(&self.current.annotations)),
+                None => release = true,
             }
         }
-        let answer = match changes.is_empty() {
+        let answer = match self.marks(restored, release).is_empty() {
             true => written,
-            false => Some(self.annotate(written.as_deref(), changes).await?),
+            false => Some(self.annotate(written.as_deref(), restored, release).await?),
         };
         if restored {
             self.event(item).await;
@@ -343,28 +340,64 @@ impl<'a> WriteSequence<'a> {
         Ok(decision.verdict)
     }
 
-    /// Writes restatus's annotation `changes` (null removes a key). Right after a status
-    /// write through the subresource, `written` (its answer) is the object as stored: it is
-    /// replaced with only its annotations changed, on that resourceVersion. When the object
-    /// changed since, or there was no such write, the annotations alone are patched.
-    async fn annotate(&mut self, written: Option<&str>, changes: serde_json::Map<String, Value>) -> Result<String> {
+    /// restatus's annotation changes on the object as last seen (null removes a key): the
+    /// snapshot it was `restored` from, and the `release` of restatus's ignore.
+    fn marks(&self, restored: bool, release: bool) -> serde_json::Map<String, Value> {
+        let mut changes = serde_json::Map::new();
+        if restored {
+            changes.insert(RESTORED_FROM_ANNOTATION.into(), self.applier.manifest.snapshot_id.as_str().into());
+        }
+        if release {
+            changes.extend(annotations::release_annotations(&self.current.annotations));
+        }
+        changes
+    }
+
+    /// Writes restatus's marks (see [`WriteSequence::marks`]). Right after a status write
+    /// through the subresource, `written` (its answer) is the object as stored: it is replaced
+    /// with only its annotations changed, on that resourceVersion. Otherwise, or when the object
+    /// changed since, the annotations alone are patched on the resourceVersion they were
+    /// computed from; on a conflict the object is read again and the marks computed again, so
+    /// an operation a person set meanwhile (a `park`, their own `ignore`) is never overwritten.
+    async fn annotate(&mut self, written: Option<&str>, restored: bool, release: bool) -> Result<String> {
         let writer = self.applier.writer;
-        let context = || format!("annotate {}", self.current.object_ref());
+        let context = |current: &LiveObject| format!("annotate {}", current.object_ref());
+        let mut stale = false;
         if let Some(written) = written.filter(|_| writer.has_status_subresource(self.kind)) {
-            let body = object::annotations_replaced(written, &changes)
+            let body = object::annotations_replaced(written, &self.marks(restored, release))
                 .map_err(|e| self.invalid(format!("answer to the status write: {e}")))?;
             self.writes += 1;
             match writer.replace(self.kind, &self.current, None, body).await {
                 Ok(answer) => return Ok(answer),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
-                    info!(object = %self.current.object_ref(), "object changed after its status was written; patching the annotations");
+                    info!(object = %self.current.object_ref(), "object changed after its status was written; reading it again for the release");
+                    stale = true;
                 }
-                Err(e) => return Err(Error::kube(context(), e)),
+                Err(e) => return Err(Error::kube(context(&self.current), e)),
             }
         }
-        let body = json!({"metadata": {"annotations": changes}});
-        self.writes += 1;
-        writer.merge_patch(self.kind, &self.current, None, &body).await.map_err(|e| Error::kube(context(), e))
+        for _ in 0..CONFLICT_RETRIES {
+            if stale {
+                let fresh = writer.get(self.kind, &self.current).await?;
+                let fresh = RawObject::parse(&fresh).map_err(|e| self.invalid(e.to_string()))?;
+                self.current = LiveObject::from_raw(self.kind, &fresh);
+            }
+            let body = json!({"metadata": {
+                "uid": self.current.uid, "resourceVersion": self.current.resource_version,
+                "annotations": self.marks(restored, release),
+            }});
+            self.writes += 1;
+            match writer.merge_patch(self.kind, &self.current, None, &body).await {
+                Ok(answer) => return Ok(answer),
+                Err(kube::Error::Api(s)) if s.is_conflict() => stale = true,
+                Err(e) => return Err(Error::kube(context(&self.current), e)),
+            }
+        }
+        Err(Error::KeptChanging {
+            kind: self.kind.qualified_kind(),
+            name: self.current.name.clone(),
+            attempts: CONFLICT_RETRIES,
+        })
     }
 
     /// Why restatus must not let metal-operator act on the object yet, if it must not.
@@ -659,17 +692,49 @@ mod tests {
             claim_lookup(&mut api, StatusCode::OK).await;
             let (method, path, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
             assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
+            let mut meanwhile = quiesced();
+            meanwhile["added"] = "meanwhile".into();
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("4", meanwhile, wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::GET, SERVER), "read again before the release");
             let released = json!({"user": "kept", "added": "meanwhile", RESTORED_FROM_ANNOTATION: snapshot_id()});
             let (method, path, body) = answer(&mut api, StatusCode::OK, server("5", released, wanted())).await;
             assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
-            let expected = json!({"metadata": {"annotations": {
+            let expected = json!({"metadata": {"uid": "u-1", "resourceVersion": "4", "annotations": {
                 OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null,
                 RESTORED_FROM_ANNOTATION: snapshot_id()}}});
-            assert_eq!(body, expected, "the annotations alone, whatever else changed");
+            assert_eq!(body, expected, "the annotations alone, on the version read, whatever else changed");
             assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 4, None));
+    }
+
+    #[tokio::test]
+    async fn a_release_never_overwrites_an_operation_a_person_set_after_the_status_write() {
+        let outcome = restore_one(|mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            claim_lookup(&mut api, StatusCode::OK).await;
+            let (method, _, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!(method, Method::PUT);
+            // Between the status write and the release, a person parks the machine.
+            let mut parked = quiesced();
+            parked[OPERATION_ANNOTATION] = "park".into();
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("4", parked.clone(), wanted())).await;
+            assert_eq!(method, Method::GET);
+            // The conditional patch loses to another change: read again, decide again.
+            let (method, _, body) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!((method, &body["metadata"]["resourceVersion"]), (Method::PATCH, &json!("4")));
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("6", parked, wanted())).await;
+            assert_eq!(method, Method::GET);
+            let (method, _, body) = answer(&mut api, StatusCode::OK, server("7", json!({}), wanted())).await;
+            assert_eq!(method, Method::PATCH);
+            let expected = json!({"metadata": {"uid": "u-1", "resourceVersion": "6", "annotations": {
+                QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null, RESTORED_FROM_ANNOTATION: snapshot_id()}}});
+            assert_eq!(body, expected, "the park stays; only restatus's marks go");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 5, None));
     }
 
     #[tokio::test]
@@ -702,7 +767,9 @@ mod tests {
             let (method, path, body) =
                 answer(&mut api, StatusCode::OK, server("4", json!({"user": "kept"}), moved_on)).await;
             assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
-            assert_eq!(body, json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null}}}));
+            let release =
+                json!({OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null});
+            assert_eq!(body, json!({"metadata": {"uid": "u-1", "resourceVersion": "3", "annotations": release}}));
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::SkipNewer, 3, None));
