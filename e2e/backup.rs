@@ -172,8 +172,13 @@ async fn least_privilege_service_account_can_back_up_and_cannot_read_secrets() {
     assert_success(&token, "kubectl create token");
     let kubeconfig = bed.kubeconfig_with_token(&bed.source_kubeconfig, "restatus-backup", stdout(&token).trim());
 
+    // Servers of its own: the source's other objects come and go with the other tests (a move
+    // takes them away), and a backup that finds none would prove nothing.
+    let spec = FleetSpec::new(&unique("rbac"), 2, 2, 1);
+    fleet::create(&bed.source().await, &spec, 4).await.expect("create fleet");
     let storage = bed.storage("rbac");
-    let out = bed.restatus_with(&kubeconfig, &storage, "rbac", &["backup"], &[]);
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus_with(&kubeconfig, &storage, "rbac", &["backup", "--selector", &selector], &[]);
     assert_success(&out, "backup as the restatus-backup ServiceAccount");
     let store = bed.store(&storage, "rbac");
     let (manifest, _) = records(&store, stdout(&out).trim()).await;
