@@ -784,3 +784,59 @@ async fn the_snapshot_refresh_downloads_each_payload_once() {
     assert_eq!(payload_gets(), 2, "nothing downloaded for an inconsistent newer snapshot: {:?}", proxy.requests());
     assert!(controller.stop().await.success());
 }
+
+/// F51: SIGTERM while the controller writes a large batch (a moved fleet it found all at once).
+/// It starts no further object, finishes and releases those in flight, and exits in time (the
+/// Controller harness allows 20 s; the manifests grant 60 s): nothing is left quiesced by
+/// restatus, and a controller started afterwards restores the rest.
+#[tokio::test]
+async fn a_controller_stopped_mid_batch_finishes_what_it_started_and_leaves_nothing_quiesced() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("stop"), 300, 300, 0);
+    fleet::create(&bed.source().await, &spec, 16).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    let lease_ns = unique("lease-ns");
+    ensure_namespace(&bed, &lease_ns).await;
+    // Started after the move: the whole fleet is one batch, written two objects at a time.
+    let start = || {
+        Controller::start_with(
+            &bed,
+            &bed.target_kubeconfig,
+            &storage,
+            &spec.name,
+            &selector,
+            &lease_ns,
+            &["--concurrency", "2"],
+        )
+    };
+    let controller = start();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let state = fleet_state(&bed.target().await, &spec.name).await;
+        if state.values().filter(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION)).count() >= 5 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the controller restored nothing in 120 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = controller.log.clone();
+    assert!(controller.stop().await.success(), "controller exit on SIGTERM");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(log.contains("finishing the objects being written"), "{log}");
+
+    let state = fleet_state(&bed.target().await, &spec.name).await;
+    let restored = state.values().filter(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION)).count();
+    assert!(restored < state.len(), "the batch was done before the signal ({restored} restored): nothing to stop");
+    for (name, (status, annotations)) in &state {
+        assert!(!annotations.contains_key(QUIESCED_BY_ANNOTATION), "{name} left quiesced by restatus");
+        assert_eq!(annotations.contains_key(RESTORED_FROM_ANNOTATION), !status.is_null(), "{name}");
+    }
+
+    let controller = start();
+    wait_restored(&bed, &spec.name, Duration::from_secs(180)).await;
+    assert!(controller.stop().await.success(), "controller exit on SIGTERM");
+}

@@ -549,3 +549,63 @@ async fn every_value_of_the_operators_operation_annotation_is_respected() {
     // the other Servers and the BMCs: quiesce, status, release (3 writes).
     assert_eq!(report["writes"], 2 * 2 + 2 * 3 + 4 * 3, "{}", report["outcomes"]);
 }
+
+/// F50: SIGTERM in the middle of a one-shot restore (the repro: 12 s into a restore of
+/// 3,000 Servers it exited 143 without a summary and left 13 objects quiesced).
+#[tokio::test]
+async fn a_restore_stopped_by_sigterm_finishes_what_it_started_releases_it_and_says_what_remains() {
+    let _exclusive = TARGET.write().await;
+    let s = Scenario::moved(300, 0).await;
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args(["restore", "--concurrency", "2", "--selector", &s.spec.selector(), "-o", "json", "--kubeconfig"])
+        .arg(&s.bed.target_kubeconfig)
+        .env("RESTATUS_STORAGE", &s.storage)
+        .env("RESTATUS_CLUSTER_ID", &s.cluster)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // SIGTERM once the restore has restored some objects: it is writing then.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let state = s.target_state().await;
+        if state.values().filter(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION)).count() >= 5 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the restore restored nothing in 120 s");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+
+    assert!(!out.status.success(), "a stopped restore exits non-zero");
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("the report, on stdout, after the signal");
+    let not_started = report["stopped"]["writesNotStarted"].as_u64().expect("the report says it stopped");
+    let message = stderr(&out);
+    assert!(message.contains("restore stopped by a signal"), "{message}");
+    let state = s.target_state().await;
+    let restored = state.values().filter(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION)).count();
+    assert!(
+        not_started > 0 || !report["stopped"]["kindsNotReached"].as_array().unwrap().is_empty(),
+        "the signal came after the restore was done ({restored} of {} restored): nothing was left to stop",
+        state.len()
+    );
+    assert!(restored < state.len(), "everything restored although the restore stopped");
+    for (name, (status, annotations)) in &state {
+        assert!(!annotations.contains_key(QUIESCED_BY_ANNOTATION), "{name} left quiesced by restatus");
+        assert_eq!(
+            annotations.contains_key(RESTORED_FROM_ANNOTATION),
+            !status.is_null(),
+            "{name}: a status written is released and marked; one not written is untouched"
+        );
+    }
+    assert_eq!(report["writes"].as_u64().unwrap() as usize, 3 * restored, "quiesce, status, release of each started");
+
+    // The rerun does the rest.
+    let rerun = s.report(&[]);
+    assert!(rerun.get("stopped").is_none());
+    let (source, target) = (s.source_state().await, s.target_state().await);
+    for (name, status) in &source {
+        assert_eq!(&target[name].0, status, "{name} lost");
+    }
+}

@@ -200,10 +200,22 @@ async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result
     if options.force {
         warn!("--force: live statuses that moved on after the snapshot will be overwritten");
     }
-    let report = restore::run(&client, store, &options).await.context("restore failed")?;
+    let report = restore::run_until(&client, store, &options, shutdown_signal()).await.context("restore failed")?;
     output::emit(args.output.output, &report, || {
         output::plan_table(&report.plan, options.dry_run) + &output::restore_summary(&report)
     })?;
+    if let Some(stopped) = &report.stopped {
+        let kinds = match stopped.kinds_not_reached.as_slice() {
+            [] => String::new(),
+            kinds => format!(", kinds not reached: {}", kinds.join(", ")),
+        };
+        bail!(
+            "restore stopped by a signal after {} writes: the objects it had started are finished and \
+             released, {} planned objects not started{kinds}; rerun to finish",
+            report.writes,
+            stopped.writes_not_started
+        );
+    }
     if !report.ok() {
         bail!(
             "restore incomplete: {} objects failed, {} pairing violations; rerun to retry",

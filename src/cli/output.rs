@@ -390,6 +390,16 @@ pub fn restore_summary(report: &RestoreReport) -> String {
     for (object, held) in report.outcomes.iter().filter_map(|o| Some((&o.object, o.held.as_deref()?))) {
         out += &format!("HELD {object}: still ignored, {held}\n");
     }
+    if let Some(stopped) = &report.stopped {
+        out += &format!(
+            "STOPPED by a signal: {} planned objects not started{}; every object started was finished and released\n",
+            stopped.writes_not_started,
+            match stopped.kinds_not_reached.as_slice() {
+                [] => String::new(),
+                kinds => format!(", kinds not reached: {}", kinds.join(", ")),
+            }
+        );
+    }
     if report.pairing.is_empty() {
         out += "pairing: every Bound ServerClaim has its Reserved Server and back\n";
     } else {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, TryStreamExt, future, stream};
 use tokio::sync::{RwLock, mpsc};
 use tracing::{debug, info, warn};
 
@@ -189,9 +189,9 @@ impl Loop {
     }
 
     /// Reconciles the dirty objects; failures wait for a retry.
-    async fn process(&mut self, ctx: &Context) {
+    async fn process(&mut self, ctx: &Context, stopping: &AtomicBool) {
         let dirty = std::mem::take(&mut self.dirty);
-        for (uid, failed) in process(ctx, &self.kinds, &self.live, dirty).await {
+        for (uid, failed) in process(ctx, &self.kinds, &self.live, dirty, stopping).await {
             match failed {
                 true => {
                     let wait = self.retries.failed(&uid, Instant::now());
@@ -258,7 +258,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         if state.synced(&ctx) && ctx.snapshot.read().await.is_some() {
             ctx.synced.store(true, Ordering::Relaxed);
             if !state.dirty.is_empty() {
-                state.process(&ctx).await;
+                // A shutdown in the middle of a batch: no object's writes start after it, those
+                // in flight finish (each ends with its release), then the loop ends. The
+                // manifests' terminationGracePeriodSeconds leave time for that.
+                let stopping = AtomicBool::new(false);
+                let processed = state.process(&ctx, &stopping);
+                tokio::pin!(processed);
+                tokio::select! {
+                    _ = &mut processed => {}
+                    _ = &mut shutdown => {
+                        stopping.store(true, Ordering::Relaxed);
+                        info!("shutting down: finishing the objects being written");
+                        processed.await;
+                        break Ok(());
+                    }
+                }
             }
         }
     };
@@ -300,6 +314,7 @@ async fn process(
     kinds: &[KindProfile],
     live: &LiveIndex,
     dirty: HashMap<Uid, Instant>,
+    stopping: &AtomicBool,
 ) -> Vec<(Uid, bool)> {
     let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
     let mut results = Vec::with_capacity(dirty.len());
@@ -312,6 +327,7 @@ async fn process(
         // In payload order: each frame of the payload is decompressed once.
         uids.sort_unstable();
         let done: Vec<(Uid, bool)> = stream::iter(uids)
+            .take_while(|_| future::ready(!stopping.load(Ordering::Relaxed)))
             .map(|(_, uid, seen)| {
                 let snapshot = snapshot.clone();
                 async move {

@@ -16,7 +16,7 @@ use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, future};
 use jiff::Timestamp;
 use serde::Serialize;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 pub use apply::{Applier, Outcome};
 pub use plan::{KindMatcher, LiveKeys, PlanInput, PlanItem, RestorePlan, Verdict};
@@ -85,6 +85,21 @@ pub struct RestoreReport {
     /// API writes issued (status PATCHes and annotation PATCHes; Events not counted).
     pub writes: usize,
     pub pairing: Vec<Violation>,
+    /// Set when the restore was stopped (a signal) before it was done: what it left undone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<Stopped>,
+}
+
+/// What a stopped restore left undone. Every write sequence it had started was finished
+/// (quiesce, status, release), so nothing is left quiesced by restatus but the objects it holds
+/// on purpose; a rerun does the rest.
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Stopped {
+    /// Objects planned for a write whose writes never started.
+    pub writes_not_started: usize,
+    /// Kinds not listed at all.
+    pub kinds_not_reached: Vec<String>,
 }
 
 impl RestoreReport {
@@ -93,7 +108,7 @@ impl RestoreReport {
     }
 
     pub fn ok(&self) -> bool {
-        self.failures().next().is_none() && self.pairing.is_empty()
+        self.failures().next().is_none() && self.pairing.is_empty() && self.stopped.is_none()
     }
 }
 
@@ -104,6 +119,51 @@ impl RestoreReport {
 /// the pages and writes in flight, and what the report keeps (see [`RestoreOptions::explain`]),
 /// not the fleet.
 pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOptions) -> Result<RestoreReport> {
+    run_until(client, store, opts, future::pending()).await
+}
+
+/// [`run`], stopped early when `stop` completes (SIGTERM, Ctrl-C): no page is listed and no
+/// object's writes are started after it, the write sequences in flight are finished (each ends
+/// with its release), and the report says what was left undone ([`RestoreReport::stopped`]).
+pub async fn run_until(
+    client: &kube::Client,
+    store: &SnapshotStore,
+    opts: &RestoreOptions,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<RestoreReport> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_task = tokio::spawn(async move {
+        stop.await;
+        let _ = stop_tx.send(true);
+    });
+    let report = restore(client, store, opts, Stop(stop_rx)).await;
+    stop_task.abort();
+    report
+}
+
+/// Whether the restore is to stop, and a future that completes when it is.
+#[derive(Clone)]
+struct Stop(tokio::sync::watch::Receiver<bool>);
+
+impl Stop {
+    fn now(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    async fn wait(mut self) {
+        // An error: the sender is gone without a stop; never complete then.
+        if self.0.wait_for(|stop| *stop).await.is_err() {
+            future::pending::<()>().await;
+        }
+    }
+}
+
+async fn restore(
+    client: &kube::Client,
+    store: &SnapshotStore,
+    opts: &RestoreOptions,
+    stop: Stop,
+) -> Result<RestoreReport> {
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), opts.allow_inconsistent).await?;
     let manifest = &loaded.manifest;
     info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), "snapshot loaded and verified");
@@ -123,6 +183,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         writes: 0,
         pairing: vec![],
         plan: RestorePlan { snapshot: manifest.snapshot_id.clone(), items: vec![] },
+        stopped: None,
     };
     let mut tally = Tally { report, views: Views::default() };
     let input = PlanInput {
@@ -135,16 +196,27 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
         explain: opts.explain,
     };
     opts.progress.start("restore", Some(loaded.records.len() as u64));
+    let mut not_started = 0;
     for kind in opts.profile.kinds.iter().filter(|k| !k.is_denied()) {
-        let keys = live_keys(client, kind, &opts.page()).await?;
+        // A stop while the keys are listed: nothing of this kind is quiesced yet.
+        let page = opts.page();
+        let keys = tokio::select! {
+            keys = live_keys(client, kind, &page), if !stop.now() => keys?,
+            _ = stop.clone().wait() => {
+                tally.report.stopped.get_or_insert_default().kinds_not_reached.push(kind.kind.clone());
+                continue;
+            }
+        };
         let mut matcher = KindMatcher::new(kind, &loaded.records, &keys);
         drop(keys);
         let (tx, rx) = mpsc::channel::<(PlanItem, LiveObject)>(opts.concurrency.max(1) * 4);
-        let plan_pages = plan_pages(client, kind, opts, &input, &mut matcher, &mut tally, tx);
+        let plan_pages = plan_pages(client, kind, opts, &input, &mut matcher, &mut tally, tx, &stop);
         let apply = async {
             let mut applied = Applied::default();
             if let Some(applier) = &applier {
-                rx.map(|(item, object)| async move { (applier.apply_to(kind, &item, &object).await, item) })
+                // After a stop, no object's writes start; those in flight finish.
+                rx.take_until(stop.clone().wait())
+                    .map(|(item, object)| async move { (applier.apply_to(kind, &item, &object).await, item) })
                     .buffer_unordered(opts.concurrency.max(1))
                     .for_each(|(outcome, item)| {
                         applied.add(outcome, &item, opts.explain);
@@ -155,7 +227,8 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
             applied
         };
         let (planned, applied) = tokio::join!(plan_pages, apply);
-        planned?;
+        let sent = planned?;
+        not_started += sent - applied.started;
         for item in matcher.finish(&input)? {
             tally.keep(&item, opts);
         }
@@ -172,6 +245,12 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &RestoreOpt
     }
     opts.progress.finish();
     let Tally { mut report, views } = tally;
+    if stop.now() {
+        let stopped = report.stopped.get_or_insert_default();
+        stopped.writes_not_started = not_started;
+        warn!(writes = report.writes, not_started, kinds_not_reached = ?stopped.kinds_not_reached,
+            "restore stopped: the writes in flight were finished and released; rerun to do the rest");
+    }
     info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done");
     report.pairing = views.check();
     Ok(report)
@@ -189,7 +268,9 @@ async fn live_keys(client: &kube::Client, kind: &KindProfile, page: &PageRequest
 }
 
 /// Lists `kind` page by page, plans each page, tallies it and sends each writing item with
-/// its live object to `writes` (unless a dry run).
+/// its live object to `writes` (unless a dry run); after a stop, lists no further page and
+/// sends nothing more, counting what it would have sent. Returns how many it meant to send.
+#[allow(clippy::too_many_arguments)]
 async fn plan_pages(
     client: &kube::Client,
     kind: &KindProfile,
@@ -198,11 +279,18 @@ async fn plan_pages(
     matcher: &mut KindMatcher<'_>,
     tally: &mut Tally,
     mut writes: mpsc::Sender<(PlanItem, LiveObject)>,
-) -> Result<()> {
+    stop: &Stop,
+) -> Result<usize> {
+    let mut meant = 0;
     // A listing slowed down by the writes can outlive its continue token: the pager then
     // lists again, past the objects it handed out already.
     let mut pager = Pager::new(client, kind, &opts.page());
-    while let Some(page) = pager.next().await? {
+    loop {
+        let page = tokio::select! {
+            page = pager.next(), if !stop.now() => page?,
+            _ = stop.clone().wait() => None,
+        };
+        let Some(page) = page else { break };
         let mut live = Vec::with_capacity(page.len());
         for object in pager.objects(&page) {
             let object = object?;
@@ -217,17 +305,22 @@ async fn plan_pages(
             tally.keep(&item, opts);
             let object = item.live.and_then(|l| live.get(l)).filter(|_| item.writes() && !opts.dry_run);
             if let Some(object) = object.cloned() {
-                // The receiver ends only when the restore does.
-                let _ = writes.send((item, object)).await;
+                meant += 1;
+                if !stop.now() {
+                    // The receiver ends only when the restore does, or stops.
+                    let _ = writes.send((item, object)).await;
+                }
             }
         }
     }
-    Ok(())
+    Ok(meant)
 }
 
 /// What the writes of one kind left for the report.
 #[derive(Default)]
 struct Applied {
+    /// Objects whose writes were started (and finished: each has its outcome).
+    started: usize,
     writes: usize,
     outcomes: Vec<Outcome>,
     views: Views,
@@ -235,6 +328,7 @@ struct Applied {
 
 impl Applied {
     fn add(&mut self, mut outcome: Outcome, item: &PlanItem, explain: bool) {
+        self.started += 1;
         self.writes += outcome.writes;
         self.views.extend(outcome.after.take());
         let notable = outcome.error.is_some() || outcome.held.is_some() || outcome.verdict != item.verdict;
@@ -321,10 +415,12 @@ mod tests {
             outcomes: vec![],
             writes: 0,
             pairing: vec![],
+            stopped: None,
         };
         let mut tally = Tally { report, views: Views::default() };
         let (tx, _rx) = mpsc::channel(1);
-        plan_pages(&client, kind, &opts, &input, &mut matcher, &mut tally, tx).await.unwrap();
+        let go_on = Stop(tokio::sync::watch::channel(false).1);
+        plan_pages(&client, kind, &opts, &input, &mut matcher, &mut tally, tx, &go_on).await.unwrap();
         server.await.unwrap();
         assert!(matcher.finish(&input).unwrap().is_empty(), "every record found its object");
         assert_eq!(tally.report.counts.get(&Verdict::Restore), Some(&3), "{:?}", tally.report.counts);

@@ -77,6 +77,7 @@ imagePullSecrets:
 {{- end }}
 securityContext:
   {{- toYaml $.Values.podSecurityContext | nindent 2 }}
+terminationGracePeriodSeconds: {{ $.Values.terminationGracePeriodSeconds }}
 {{- with (default $.Values.nodeSelector $role.nodeSelector) }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
