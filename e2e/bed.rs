@@ -472,3 +472,43 @@ async fn relay(
     back.abort();
     result
 }
+
+/// Issue 21, item 7: the admission policy lets a restatus role (as `kubeconfig`) set
+/// metal-operator's operation annotation on `object` only by restatus's own protocol: `ignore`
+/// together with `quiesced-by` (the old value kept in `operation-was`), and on release exactly
+/// what `operation-was` kept. A stolen token cannot issue `ForceReset` or any other operation.
+/// `object` starts without any of these annotations (cleared as the admin of `admin`).
+pub fn assert_only_the_quiesce_protocol(bed: &Bed, admin: &Path, kubeconfig: &Path, object: &str) {
+    let clear = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":null,"restatus.ironcore.dev/quiesced-by":null,"restatus.ironcore.dev/operation-was":null}}}"#;
+    assert_success(&bed.kubectl(admin, &merge_patch(None, object, clear)), "clear the operation annotations");
+    let patch = |body: &'static str| merge_patch(None, object, body);
+    // Without restatus's quiesce: no operation, no mark of its own, no operation-was to replay.
+    bed.assert_denied(
+        kubeconfig,
+        &[
+            patch(r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ForceReset"}}}"#),
+            patch(r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore"}}}"#),
+            patch(r#"{"metadata":{"annotations":{"restatus.ironcore.dev/quiesced-by":"restatus"}}}"#),
+            patch(
+                r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus","restatus.ironcore.dev/operation-was":"ForceReset"}}}"#,
+            ),
+        ],
+    );
+    bed.assert_allowed(kubeconfig, &[patch(QUIESCE_PATCH)]);
+    // While quiesced: the operation cannot be turned into another, nor released to one, nor
+    // can operation-was be planted for the release to replay.
+    bed.assert_denied(
+        kubeconfig,
+        &[
+            patch(r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ForceReset"}}}"#),
+            patch(
+                r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ForceReset","restatus.ironcore.dev/quiesced-by":null}}}"#,
+            ),
+            patch(r#"{"metadata":{"annotations":{"restatus.ironcore.dev/operation-was":"ForceReset"}}}"#),
+        ],
+    );
+    bed.assert_allowed(
+        kubeconfig,
+        &[patch(r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":null,"restatus.ironcore.dev/quiesced-by":null}}}"#)],
+    );
+}

@@ -34,9 +34,12 @@ fn run(program: &Path, args: &[&str]) -> Output {
     Command::new(program).args(args).output().unwrap_or_else(|e| panic!("run {}: {e}", program.display()))
 }
 
+/// The test bed's kube-apiserver (what `helm template` checks the chart's kubeVersion against).
+const KUBE_VERSION: &str = "1.34.4";
+
 /// `helm template` of the chart as release `release` in namespace `release`, with `--set`s.
 fn render(release: &str, sets: &[&str]) -> String {
-    let mut args = vec!["template", release, CHART, "--namespace", release];
+    let mut args = vec!["template", release, CHART, "--namespace", release, "--kube-version", KUBE_VERSION];
     for set in sets {
         args.extend(["--set", set]);
     }
@@ -109,8 +112,11 @@ fn chart_lints_clean_with_every_role_and_monitoring() {
     }
     assert_success(&run(&helm, &args), "helm lint (every role, monitoring)");
     // No storage: a clear error, not a pod that fails at start.
-    let out = run(&helm, &["template", "x", CHART, "--set", "storage="]);
+    let out = run(&helm, &["template", "x", CHART, "--kube-version", KUBE_VERSION, "--set", "storage="]);
     assert!(!out.status.success() && stderr(&out).contains("storage (s3://bucket/prefix) is required"), "{out:?}");
+    // Before 1.30 no ValidatingAdmissionPolicy narrows the roles' RBAC: the chart refuses.
+    let out = run(&helm, &["template", "x", CHART, "--kube-version", "1.29.9", "--set", "storage=s3://b/p"]);
+    assert!(!out.status.success() && stderr(&out).contains("requires kubeVersion: >=1.30"), "{out:?}");
 }
 
 /// Released as `restatus` in namespace `restatus`, each role has the names of its kustomize
@@ -160,7 +166,7 @@ fn chart_roles_mirror_the_kustomize_folders() {
             }
         };
         let (chart_pod, kustomize_pod) = (pod(&chart), pod(&kustomize));
-        for field in ["serviceAccountName", "securityContext", "volumes"] {
+        for field in ["serviceAccountName", "securityContext", "volumes", "terminationGracePeriodSeconds"] {
             assert_eq!(chart_pod[field], kustomize_pod[field], "{role}: pod {field}");
         }
         for field in ["securityContext", "resources", "volumeMounts"] {
@@ -294,6 +300,11 @@ async fn chart_controller_role_writes_status_and_restatus_annotations_only() {
     let status = json!({"status": {"indicatorLED": "On"}});
     let denied = servers.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
     assert!(matches!(denied, Err(kube::Error::Api(ref s)) if s.code == 403), "status patch: {denied:?}");
+    for object in
+        [format!("bmcs.metal.ironcore.dev/{}", spec.bmc_name(0)), format!("servers.metal.ironcore.dev/{name}")]
+    {
+        crate::bed::assert_only_the_quiesce_protocol(&bed, &bed.target_kubeconfig, &kubeconfig, &object);
+    }
 }
 
 #[tokio::test]
@@ -349,6 +360,9 @@ async fn chart_source_role_sets_its_annotations_only() {
             vec!["-n", RELEASE, "get", "leases"],
         ],
     );
+    for object in [format!("bmcs.metal.ironcore.dev/{}", spec.bmc_name(0)), server] {
+        crate::bed::assert_only_the_quiesce_protocol(&bed, &bed.source_kubeconfig, &kubeconfig, &object);
+    }
 }
 
 /// Every role with ServiceMonitor, PodMonitor and PrometheusRule: the API server accepts all

@@ -301,6 +301,11 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
     let keep = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"ignore","restatus.ironcore.dev/quiesced-by":"restatus","restatus.ironcore.dev/operation-was":"park"}}}"#;
     let back = r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":"park","restatus.ironcore.dev/quiesced-by":null,"restatus.ironcore.dev/operation-was":null}}}"#;
     bed.assert_allowed(&kubeconfig, &[merge_patch(None, &server, keep), merge_patch(None, &server, back)]);
+
+    // Nothing but restatus's own protocol on the operation annotation (a BMC and a Server).
+    for object in [format!("bmcs.metal.ironcore.dev/{}", spec.bmc_name(0)), server] {
+        crate::bed::assert_only_the_quiesce_protocol(&bed, &bed.target_kubeconfig, &kubeconfig, &object);
+    }
 }
 
 /// `kustomize edit set namespace ops`: the controller's admission policy still binds its

@@ -734,6 +734,9 @@ async fn the_source_role_rbac_is_sufficient_and_nothing_more() {
         merge_patch(None, &server, QUIESCE_PATCH),
     ];
     bed.assert_allowed(&kubeconfig, &allowed);
+    for object in [format!("bmcs.metal.ironcore.dev/{}", fx.fleet.bmc_name(0)), server] {
+        crate::bed::assert_only_the_quiesce_protocol(bed, &bed.source_kubeconfig, &kubeconfig, &object);
+    }
 }
 
 /// Whether the replica serving `url` leads (its `restatus_leader` is 1).

@@ -33,13 +33,16 @@ pub fn quiesced_by_restatus(annotations: &BTreeMap<String, String>) -> bool {
 
 /// The merge-patch annotations with which restatus quiesces an object that `annotations`
 /// describe: metal-operator's `ignore`, marked as restatus's so that it is never mistaken for
-/// a user's, and any other operation value the object carried, kept for the release.
+/// a user's, and any other operation value the object carried, kept for the release (or none:
+/// a stale `operation-was` is removed, so that the release puts back exactly what was there;
+/// the admission policies allow nothing else).
 pub fn quiesce_annotations(annotations: &BTreeMap<String, String>) -> Map<String, Value> {
     let mut changes = Map::new();
     changes.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
     changes.insert(QUIESCED_BY_ANNOTATION.into(), crate::TOOL_NAME.into());
-    if let Some(pending) = annotations.get(OPERATION_ANNOTATION) {
-        changes.insert(OPERATION_WAS_ANNOTATION.into(), pending.clone().into());
+    let pending = annotations.get(OPERATION_ANNOTATION).map_or(Value::Null, |p| p.clone().into());
+    if !pending.is_null() || annotations.contains_key(OPERATION_WAS_ANNOTATION) {
+        changes.insert(OPERATION_WAS_ANNOTATION.into(), pending);
     }
     changes
 }
@@ -134,5 +137,15 @@ mod tests {
                 "{what} set by a person stays as it is; only restatus's marks go"
             );
         }
+    }
+
+    #[test]
+    fn a_stale_operation_was_is_cleared_by_the_quiesce() {
+        let stale = annotations(&[(OPERATION_WAS_ANNOTATION, "ForceReset")]);
+        assert_eq!(
+            Value::Object(quiesce_annotations(&stale)),
+            json!({OPERATION_ANNOTATION: "ignore", QUIESCED_BY_ANNOTATION: "restatus", OPERATION_WAS_ANNOTATION: null}),
+            "the release must not put back an operation nobody had set"
+        );
     }
 }

@@ -209,13 +209,24 @@ the allowed ones, and a user's metal-operator operation kept (or moved to operat
     variables.old.all(k, k in variables.allowed || k in variables.new)
   message: {{ $who }} may change only restatus's annotations
 - expression: >-
-    !('metal.ironcore.dev/operation' in variables.old) ||
-    'restatus.ironcore.dev/quiesced-by' in variables.old ||
-    ('metal.ironcore.dev/operation' in variables.new &&
-     variables.new['metal.ironcore.dev/operation'] == variables.old['metal.ironcore.dev/operation']) ||
-    ('restatus.ironcore.dev/operation-was' in variables.new &&
-     variables.new['restatus.ironcore.dev/operation-was'] == variables.old['metal.ironcore.dev/operation'])
-  message: {{ $who }} may not remove or change an operation it did not set (it may only keep it in operation-was)
+    variables.newOp == variables.oldOp ||
+    (variables.newOp == 'ignore' && 'restatus.ironcore.dev/quiesced-by' in variables.new &&
+     variables.newWas == variables.oldOp) ||
+    (variables.oldOp == 'ignore' && 'restatus.ironcore.dev/quiesced-by' in variables.old &&
+     !('restatus.ironcore.dev/quiesced-by' in variables.new) && variables.newOp == variables.oldWas)
+  message: >-
+    {{ $who }} may not remove or change an operation it did not set: it may only set ignore
+    together with quiesced-by (keeping the old value in operation-was) and, on release, put
+    back exactly the value operation-was kept
+- expression: >-
+    variables.newWas == variables.oldWas || variables.newWas == '' ||
+    (variables.newOp == 'ignore' && 'restatus.ironcore.dev/quiesced-by' in variables.new &&
+     variables.newWas == variables.oldOp)
+  message: {{ $who }} may set operation-was only to the operation it replaces with its ignore
+- expression: >-
+    !('restatus.ironcore.dev/quiesced-by' in variables.new) || 'restatus.ironcore.dev/quiesced-by' in variables.old ||
+    (variables.oldOp != 'ignore' && variables.newOp == 'ignore')
+  message: {{ $who }} may mark as its own only an ignore it sets in the same request
 - expression: >-
     (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) ==
     (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : []) &&
