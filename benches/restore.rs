@@ -278,7 +278,8 @@ async fn main() {
     };
     let manifest = backup::run(&source, &store, &options).await.unwrap();
     let snapshot = manifest.snapshot_id.to_string();
-    let loaded = restatus::store::choose_snapshot(&store, Some(&manifest.snapshot_id), false).await.unwrap();
+    let loaded =
+        restatus::store::choose_snapshot(&store, Some(&manifest.snapshot_id), &Default::default()).await.unwrap();
     let bench_records: Vec<Record> = (0..loaded.records.len())
         .map(|i| loaded.records.record(i).unwrap())
         .filter(|r| r.name.starts_with("bench-"))

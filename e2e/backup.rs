@@ -183,6 +183,7 @@ async fn least_privilege_service_account_can_back_up_and_cannot_read_secrets() {
     let store = bed.store(&storage, "rbac");
     let (manifest, _) = records(&store, stdout(&out).trim()).await;
     assert!(manifest.kinds.iter().any(|k| k.kind == "Server" && k.records > 0));
+    assert!(manifest.captured_from.is_some(), "the ServiceAccount reads the cluster's identity (kube-system's uid)");
 
     // Nothing beyond reading the profile's kinds.
     for args in [

@@ -845,3 +845,41 @@ async fn a_controller_stopped_mid_batch_finishes_what_it_started_and_leaves_noth
     wait_restored(&bed, &spec.name, Duration::from_secs(180)).await;
     assert!(controller.stop().await.success(), "controller exit on SIGTERM");
 }
+
+/// F53: with the controller running on the target, the target backs up under the source's id
+/// (an empty selection: a consistent snapshot with nothing in it, newer than the source's). The
+/// controller passes over it at every refresh (its manifest names the target as where it was
+/// captured) and restores a fleet that arrives afterwards from the source's snapshot.
+#[tokio::test]
+async fn the_controller_never_adopts_a_snapshot_captured_from_its_own_cluster() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("self"), 3, 3, 1);
+    fleet::create(&bed.source().await, &spec, 8).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
+    let lease_ns = unique("lease-ns");
+    ensure_namespace(&bed, &lease_ns).await;
+    let controller = Controller::start(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns);
+    controller.wait_ready().await;
+    let out =
+        bed.restatus_with(&bed.target_kubeconfig, &storage, &spec.name, &["backup", "--selector", &selector], &[]);
+    assert_success(&out, "backup of the target under the source's id");
+    // Bounded: the controller refreshes every 2 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&controller.log).unwrap_or_default().contains("captured from this cluster") {
+        assert!(
+            Instant::now() < deadline,
+            "the controller never looked at the target's own snapshot; its log:\n{}",
+            std::fs::read_to_string(&controller.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+    let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+    let own = stdout(&out).trim().to_string();
+    assert!(!log.lines().any(|l| l.contains("using snapshot") && l.contains(&own)), "adopted its own snapshot:\n{log}");
+    assert!(controller.stop().await.success(), "controller exit on SIGTERM");
+}

@@ -312,7 +312,7 @@ async fn deletions_and_conflicts_during_the_apply_are_handled() {
     let target = s.bed.target().await;
     let store = s.bed.store(&s.storage, &s.cluster);
     let options = s.options();
-    let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
+    let loaded = restatus::store::choose_snapshot(&store, None, &Default::default()).await.unwrap();
     let live = restatus::moving::live::read_live(&target, &options.profile, &options.page(), true).await.unwrap();
     let plan = plan::plan(&PlanInput {
         profile: &options.profile,
@@ -607,5 +607,35 @@ async fn a_restore_stopped_by_sigterm_finishes_what_it_started_releases_it_and_s
     let (source, target) = (s.source_state().await, s.target_state().await);
     for (name, status) in &source {
         assert_eq!(&target[name].0, status, "{name} lost");
+    }
+}
+
+/// F53: the target backs up under the source's cluster id (one chart value for every role):
+/// its own snapshot is newer, consistent, and holds none of the fleet's statuses. A restore
+/// on the target passes over it (the manifest says it was captured from the target) and
+/// restores from the source's; pinned, it is refused unless `--allow-same-cluster`.
+#[tokio::test]
+async fn a_restore_never_uses_a_snapshot_captured_from_its_own_cluster() {
+    let _exclusive = TARGET.write().await;
+    // No claims: the target's own capture of bare objects is then consistent (a bare claim's
+    // binding would make it inconsistent, and passed over for that alone).
+    let s = Scenario::moved(3, 0).await;
+    let backup = ["backup", "--selector", &s.spec.selector()];
+    let out = s.bed.restatus_with(&s.bed.target_kubeconfig, &s.storage, &s.cluster, &backup, &[]);
+    assert_success(&out, "backup of the target under the source's id");
+    let own = stdout(&out).trim().to_string();
+
+    let pinned = s.restore(&["--snapshot", &own]);
+    assert!(!pinned.status.success(), "a pinned own snapshot is refused");
+    assert!(stderr(&pinned).contains("captured from this cluster"), "{}", stderr(&pinned));
+
+    let report = s.report(&[]);
+    assert_eq!(report["snapshot"], s.snapshot.as_str(), "the source's snapshot");
+    let passed = &report["passedOver"][0];
+    assert_eq!(passed["snapshot"], own.as_str());
+    assert!(passed["reason"].as_str().unwrap().contains("captured from this cluster"), "{passed}");
+    let (source, target) = (s.source_state().await, s.target_state().await);
+    for (name, status) in &source {
+        assert_eq!(&target[name].0, status, "{name} restored from the source's snapshot");
     }
 }

@@ -27,6 +27,13 @@ pub enum Error {
     #[error("snapshot {snapshot}: {reason}")]
     Inconsistent { snapshot: String, reason: String },
 
+    /// A snapshot captured from the cluster a restore writes to (its `kube-system` uid).
+    #[error(
+        "snapshot {snapshot} was captured from this cluster (kube-system uid {cluster}): restoring it would \
+         write this cluster's own statuses back; --allow-same-cluster uses it"
+    )]
+    SameCluster { snapshot: String, cluster: String },
+
     /// No complete snapshot of the cluster verified.
     #[error(
         "no good snapshot of cluster {cluster:?} in {location} ({passed_over} complete snapshots failed verification)"
@@ -104,6 +111,7 @@ impl Error {
             Error::ForeignSnapshot { .. } => "foreign_snapshot",
             Error::SnapshotNotFound(_) => "snapshot_not_found",
             Error::Inconsistent { .. } => "inconsistent_snapshot",
+            Error::SameCluster { .. } => "same_cluster_snapshot",
             Error::NoGoodSnapshot { .. } => "no_good_snapshot",
             Error::NoSnapshot { .. } => "no_snapshot",
             Error::TooLarge { .. } => "too_large",

@@ -138,12 +138,12 @@ pub mod api {
 
     /// The API server lists Servers a, b; expires the continue token; then lists a, b and c
     /// (each with `status`).
-    pub async fn list_with_an_expired_token(mut api: Handle, status: Option<Value>) {
+    pub async fn list_with_an_expired_token(api: &mut Handle, status: Option<Value>) {
         let status = status.as_ref();
-        answer(&mut api, StatusCode::OK, server_page(&["a", "b"], "t1", status)).await;
-        answer(&mut api, StatusCode::GONE, expired()).await;
-        answer(&mut api, StatusCode::OK, server_page(&["a", "b"], "t2", status)).await;
-        answer(&mut api, StatusCode::OK, server_page(&["c"], "", status)).await;
+        answer(api, StatusCode::OK, server_page(&["a", "b"], "t1", status)).await;
+        answer(api, StatusCode::GONE, expired()).await;
+        answer(api, StatusCode::OK, server_page(&["a", "b"], "t2", status)).await;
+        answer(api, StatusCode::OK, server_page(&["c"], "", status)).await;
     }
 
     /// The API server's answer to a write on a stale resourceVersion.

@@ -289,7 +289,7 @@ async fn retention_keeps_the_last_consistent_snapshot_behind_fifty_inconsistent_
     assert_eq!(plan.kept[0].id, consistent[2]);
     assert!(plan.kept[0].reason.contains("newest verified consistent"), "{}", plan.kept[0].reason);
     // A restore without --allow-inconsistent still finds it.
-    let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
+    let loaded = restatus::store::choose_snapshot(&store, None, &Default::default()).await.unwrap();
     assert_eq!(loaded.manifest.snapshot_id, consistent[2]);
     assert_eq!(loaded.passed_over.len(), 48);
 }
@@ -304,7 +304,10 @@ async fn a_payload_above_the_read_limit_fails_before_it_is_downloaded() {
     let text = err.to_string();
     assert!(text.contains(m.snapshot_id.as_str()) && text.contains("--max-snapshot-size"), "{text}");
     // A restore does not fall back to an older snapshot silently: the limit is an error.
-    assert!(matches!(restatus::store::choose_snapshot(&limited, None, false).await, Err(Error::TooLarge { .. })));
+    assert!(matches!(
+        restatus::store::choose_snapshot(&limited, None, &Default::default()).await,
+        Err(Error::TooLarge { .. })
+    ));
     assert!(store.load(&m.snapshot_id, |_| Ok(())).await.is_ok(), "within the limit it loads");
 }
 
@@ -344,14 +347,14 @@ async fn a_large_payload_is_read_from_a_temporary_file_and_verified_there() {
     assert!(m.payload.size > restatus::store::SPILL_ABOVE, "payload of {} bytes", m.payload.size);
     let payload = store.fetch_payload(&m).await.unwrap();
     assert!(matches!(payload, restatus::format::Payload::Spilled(_)));
-    let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
+    let loaded = restatus::store::choose_snapshot(&store, None, &Default::default()).await.unwrap();
     assert_eq!(loaded.records.len(), 8000);
     assert_eq!(loaded.records.status(4321).unwrap().get(), records[4321].status.get());
 
     // Nowhere to spill: held in memory, read the same.
     let unspillable = store.clone().with_spill_dir("/nonexistent/restatus-spill");
     assert!(matches!(unspillable.fetch_payload(&m).await.unwrap(), restatus::format::Payload::Memory(_)));
-    let loaded = restatus::store::choose_snapshot(&unspillable, None, false).await.unwrap();
+    let loaded = restatus::store::choose_snapshot(&unspillable, None, &Default::default()).await.unwrap();
     assert_eq!(loaded.records.status(17).unwrap().get(), records[17].status.get());
 
     // A byte flipped in the stored payload: the spilled copy fails its sha256, and the
@@ -361,7 +364,41 @@ async fn a_large_payload_is_read_from_a_temporary_file_and_verified_there() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x01;
     replace(&store, &store.payload_path(&m.snapshot_id), bytes).await;
-    let loaded = restatus::store::choose_snapshot(&store, None, false).await.unwrap();
+    let loaded = restatus::store::choose_snapshot(&store, None, &Default::default()).await.unwrap();
     assert_eq!(loaded.manifest.snapshot_id, older.snapshot_id);
     assert!(loaded.passed_over[0].reason.contains("sha256"), "{:?}", loaded.passed_over);
+}
+
+/// F53 (the store side): a snapshot captured from the cluster a restore writes to is passed over
+/// for the previous one, refused when pinned, and used only with `--allow-same-cluster`.
+#[tokio::test]
+async fn a_snapshot_captured_from_the_cluster_restored_to_is_passed_over() {
+    let store = store("c");
+    let theirs = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"state":"Reserved"}"#)]).await;
+    // The target backs up under the source's id: an empty, consistent snapshot of itself.
+    let id = SnapshotId::new("2026-11-30T10:00:00Z".parse().unwrap());
+    let (payload, summary) = encode(&[]);
+    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
+    let mut own =
+        Manifest::new("c", id.clone(), "2026-11-30T10:00:00Z".parse().unwrap(), "test", empty_capture(), summary);
+    own.captured_from = Some("target-uid".into());
+    store.put_manifest(&own).await.unwrap();
+
+    let on_target = restatus::store::Accept { this_cluster: Some("target-uid".into()), ..Default::default() };
+    let loaded = restatus::store::choose_snapshot(&store, None, &on_target).await.unwrap();
+    assert_eq!(loaded.manifest.snapshot_id, theirs.snapshot_id, "the source's snapshot, not the target's own");
+    assert!(loaded.passed_over[0].reason.contains("captured from this cluster"), "{:?}", loaded.passed_over);
+    let pinned = restatus::store::choose_snapshot(&store, Some(&id), &on_target).await;
+    assert!(matches!(pinned, Err(Error::SameCluster { .. })), "pinned: {:?}", pinned.err());
+    let allowed = restatus::store::Accept { same_cluster: true, ..on_target.clone() };
+    assert_eq!(restatus::store::choose_snapshot(&store, None, &allowed).await.unwrap().manifest.snapshot_id, id);
+    // Elsewhere (another cluster, or its identity unknown) it is an ordinary snapshot.
+    let elsewhere = restatus::store::Accept { this_cluster: Some("source-uid".into()), ..Default::default() };
+    assert_eq!(restatus::store::choose_snapshot(&store, None, &elsewhere).await.unwrap().manifest.snapshot_id, id);
+    // Its manifest says where it was captured; readers of 1.2 ignore the field.
+    let text = String::from_utf8(
+        store.object_store().get(&store.manifest_path(&id)).await.unwrap().bytes().await.unwrap().to_vec(),
+    )
+    .unwrap();
+    assert!(text.contains(r#""capturedFrom": "target-uid""#), "{text}");
 }

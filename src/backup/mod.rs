@@ -13,7 +13,7 @@ use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
 use crate::domain::identity::Profile;
-use crate::format::{CaptureSummary, Manifest, PayloadEncoder, SnapshotId};
+use crate::format::{Manifest, PayloadEncoder, PayloadSummary, SnapshotId};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
@@ -82,7 +82,10 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
             attempt += 1;
             continue;
         }
-        let manifest = finish(store, &id, created_at, upload, encoder, capture, &opts.profile).await?;
+        let manifest = finish(client, store, &id, upload, encoder, |summary| {
+            Manifest::new(store.cluster_id(), id.clone(), created_at, &opts.profile.name, capture, summary)
+        });
+        let manifest = manifest.await?;
         if manifest.is_consistent() {
             info!(snapshot = %id, records = manifest.payload.records, bytes = manifest.payload.size, "snapshot written");
         } else {
@@ -93,14 +96,15 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
     }
 }
 
+/// Completes the payload upload, then writes the manifest `manifest` makes of its summary,
+/// with the identity of the cluster the objects came from.
 async fn finish(
+    client: &kube::Client,
     store: &SnapshotStore,
     id: &SnapshotId,
-    created_at: Timestamp,
     mut upload: BufWriter,
     encoder: PayloadEncoder,
-    capture: CaptureSummary,
-    profile: &Profile,
+    manifest: impl FnOnce(PayloadSummary) -> Manifest,
 ) -> Result<Manifest> {
     let (tail, summary) = encoder.finish().map_err(|e| Error::io("finish zstd", e))?;
     let uploaded = async {
@@ -113,7 +117,8 @@ async fn finish(
         // PUT failed, or completing the multipart upload did). No manifest is written either way.
         return Err(Error::io(format!("upload payload of snapshot {id} to {}", store.location()), e));
     }
-    let manifest = Manifest::new(store.cluster_id(), id.clone(), created_at, &profile.name, capture, summary);
+    let mut manifest = manifest(summary);
+    manifest.captured_from = crate::k8s::cluster_uid(client).await;
     store.put_manifest(&manifest).await?;
     Ok(manifest)
 }
@@ -121,12 +126,19 @@ async fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::api::{self, list_with_an_expired_token};
+    use crate::fixtures::api::{self, answer, list_with_an_expired_token};
 
     #[tokio::test]
     async fn a_capture_that_outlives_a_continue_token_captures_each_object_once_in_one_attempt() {
         let (client, handle) = api::client();
-        let server = tokio::spawn(list_with_an_expired_token(handle, Some(serde_json::json!({"state": "Available"}))));
+        let server = tokio::spawn(async move {
+            let mut api = handle;
+            list_with_an_expired_token(&mut api, Some(serde_json::json!({"state": "Available"}))).await;
+            // The manifest records which cluster the objects came from.
+            let kube_system = r#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":{"name":"kube-system","uid":"cluster-uid-1"}}"#;
+            let (_, path, _) = answer(&mut api, http::StatusCode::OK, kube_system.into()).await;
+            assert_eq!(path, "/api/v1/namespaces/kube-system");
+        });
         let metal = Profile::metal_operator();
         let profile = Profile { kinds: vec![metal.kind("Server").unwrap().clone()], ..metal };
         let store = SnapshotStore::open("memory://", "c").unwrap();
@@ -135,6 +147,7 @@ mod tests {
         server.await.unwrap();
         assert_eq!(manifest.payload.records, 3, "a, b and c, each once");
         assert_eq!(manifest.consistency.as_ref().map(|c| c.attempts), Some(1), "no second capture");
+        assert_eq!(manifest.captured_from.as_deref(), Some("cluster-uid-1"));
         let mut names = vec![];
         store
             .load(&manifest.snapshot_id, |r| {

@@ -167,6 +167,7 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
         selector: g.selector.clone(),
         force: args.force,
         allow_inconsistent: args.allow_inconsistent,
+        allow_same_cluster: args.allow_same_cluster,
         concurrency: args.concurrency.max(1),
         snapshot_refresh: args.snapshot_refresh,
         batch_window: Duration::from_millis(50),
@@ -189,6 +190,7 @@ async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result
         force: args.force,
         dry_run: args.dry_run,
         allow_inconsistent: args.allow_inconsistent,
+        allow_same_cluster: args.allow_same_cluster,
         concurrency: args.concurrency.max(1),
         selector: g.selector.clone(),
         // The changes are shown by a dry run's table and in JSON.

@@ -129,6 +129,11 @@ pub struct RestoreArgs {
     /// Also use snapshots whose capture was inconsistent.
     #[arg(long)]
     pub allow_inconsistent: bool,
+    /// Also use snapshots captured from the cluster written to (its kube-system uid is in the
+    /// manifest): by default they are passed over, so that a cluster never restores its own
+    /// snapshots onto itself by accident.
+    #[arg(long)]
+    pub allow_same_cluster: bool,
     /// Objects written at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
@@ -174,6 +179,11 @@ pub struct ControllerArgs {
     /// Also use snapshots whose capture was inconsistent.
     #[arg(long)]
     pub allow_inconsistent: bool,
+    /// Also use snapshots captured from the cluster written to (its kube-system uid is in the
+    /// manifest): by default they are passed over, so that a cluster never restores its own
+    /// snapshots onto itself by accident.
+    #[arg(long)]
+    pub allow_same_cluster: bool,
     /// Objects written at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,

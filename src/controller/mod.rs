@@ -34,7 +34,7 @@ use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_obje
 use crate::moving::handshake::Handshake;
 use crate::restore::Applier;
 use crate::restore::plan::{self, PlanInput, Verdict};
-use crate::store::{SnapshotStore, choose_newer, choose_snapshot};
+use crate::store::{Accept, SnapshotStore, choose_newer, choose_snapshot};
 use crate::{Error, Result};
 use index::{LiveIndex, SnapshotIndex, Uid};
 use metrics::Metrics;
@@ -46,6 +46,8 @@ pub struct ControllerOptions {
     pub selector: Option<String>,
     pub force: bool,
     pub allow_inconsistent: bool,
+    /// Also use snapshots captured from the cluster the controller writes to.
+    pub allow_same_cluster: bool,
     pub concurrency: usize,
     /// How often to look for a newer snapshot.
     pub snapshot_refresh: Duration,
@@ -63,6 +65,8 @@ pub struct Context {
     /// Made on the first write (by then the profile's kinds are served, so discovery finds
     /// their status subresources), then kept: one event recorder for the controller's life.
     writer: tokio::sync::OnceCell<Writer>,
+    /// Which snapshots to use; the cluster's own identity is read before the first choice.
+    accept: tokio::sync::OnceCell<Accept>,
     /// Every kind listed (or unavailable) and a snapshot loaded.
     synced: AtomicBool,
     /// This instance holds the lease.
@@ -72,6 +76,20 @@ pub struct Context {
 }
 
 impl Context {
+    /// Which snapshots this controller uses: consistent ones (unless allowed otherwise), not
+    /// captured from its own cluster (unless allowed).
+    async fn accept(&self) -> &Accept {
+        self.accept
+            .get_or_init(|| async {
+                Accept {
+                    inconsistent: self.options.allow_inconsistent,
+                    this_cluster: crate::k8s::cluster_uid(&self.client).await,
+                    same_cluster: self.options.allow_same_cluster,
+                }
+            })
+            .await
+    }
+
     pub fn new(client: kube::Client, store: SnapshotStore, options: ControllerOptions) -> Arc<Self> {
         Arc::new(Context {
             client,
@@ -80,6 +98,7 @@ impl Context {
             metrics: Metrics::default(),
             snapshot: RwLock::new(None),
             writer: tokio::sync::OnceCell::new(),
+            accept: tokio::sync::OnceCell::new(),
             synced: AtomicBool::new(false),
             leading: AtomicBool::new(false),
             unavailable: Default::default(),
@@ -288,8 +307,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
 async fn refresh_snapshot(ctx: &Context) -> bool {
     let current = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
     let chosen = match &current {
-        Some(current) => choose_newer(&ctx.store, current, ctx.options.allow_inconsistent).await,
-        None => choose_snapshot(&ctx.store, None, ctx.options.allow_inconsistent).await.map(Some),
+        Some(current) => choose_newer(&ctx.store, current, ctx.accept().await).await,
+        None => choose_snapshot(&ctx.store, None, ctx.accept().await).await.map(Some),
     };
     match chosen {
         Ok(Some(loaded)) => {
@@ -538,6 +557,7 @@ mod tests {
             selector: None,
             force: false,
             allow_inconsistent: false,
+            allow_same_cluster: false,
             concurrency: 1,
             snapshot_refresh: Duration::from_secs(60),
             batch_window: Duration::from_millis(10),

@@ -86,6 +86,10 @@ pub struct Manifest {
     /// manifests, which count as consistent: their writers did not check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consistency: Option<Consistency>,
+    /// The cluster the objects were listed from: the uid of its `kube-system` namespace
+    /// (format 1.3; absent before, or where the capture could not read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured_from: Option<String>,
 }
 
 /// How far a snapshot's time may be ahead of the reader's clock before it counts as skewed.
@@ -180,6 +184,7 @@ impl Manifest {
             skipped: capture.skipped,
             conflicts: capture.conflicts,
             consistency: Some(capture.consistency),
+            captured_from: None,
         }
     }
 

@@ -27,7 +27,7 @@ pub use spill::{Payload, SpillWriter, verify_payload};
 /// The major format version this build writes and reads. Readers refuse other majors.
 pub const FORMAT_MAJOR: u32 = 1;
 /// The minor version this build writes. Readers accept any minor of their major.
-pub const FORMAT_MINOR: u32 = 2;
+pub const FORMAT_MINOR: u32 = 3;
 
 /// Object names inside a snapshot's folder.
 pub const MANIFEST_FILE: &str = "manifest.json";

@@ -76,6 +76,21 @@ fn retry_policy() -> RetryPolicy {
     RetryPolicy::new(FIRST_RETRY_WAIT, LONGEST_RETRY_WAIT, 15, true).expect("200 ms <= 5 s")
 }
 
+/// The identity of the cluster `client` talks to: the uid of its `kube-system` namespace (it
+/// lives as long as the cluster; a restored etcd keeps it, a new cluster gets another). A
+/// manifest records it (`capturedFrom`) so that a cluster never restores its own snapshots onto
+/// itself by accident. `None`, with a warning, where the caller may not read it.
+pub async fn cluster_uid(client: &kube::Client) -> Option<String> {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client.clone());
+    match namespaces.get_metadata("kube-system").await {
+        Ok(ns) => ns.metadata.uid,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the kube-system namespace's uid: this cluster's identity is unknown");
+            None
+        }
+    }
+}
+
 /// What every command that talks to a cluster starts from: its profile and a client.
 pub async fn connect(
     profile: &str,

@@ -309,7 +309,10 @@ mod tests {
     #[tokio::test]
     async fn a_listing_that_outlives_its_continue_token_hands_out_each_object_once() {
         let (client, handle) = api::client();
-        let server = tokio::spawn(list_with_an_expired_token(handle, None));
+        let server = tokio::spawn(async move {
+            let mut api = handle;
+            list_with_an_expired_token(&mut api, None).await
+        });
         let mut pager = Pager::new(&client, &servers(), &PageRequest { size: 2, ..Default::default() });
         assert_eq!(names(&mut pager).await.unwrap(), ["a", "b", "c"]);
         assert!(pager.served());

@@ -13,7 +13,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::domain::identity::KindProfile;
 
-pub use client::{USER_AGENT, client, connect};
+pub use client::{USER_AGENT, client, cluster_uid, connect};
 pub use list::{DEFAULT_PAGE_SIZE, LIST_RESTARTS, Page, PageRequest, Pager, list_objects};
 pub use writer::{FIELD_MANAGER, Writer, annotate};
 

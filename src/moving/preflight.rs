@@ -24,7 +24,7 @@ use crate::k8s::watch::changes;
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 use crate::moving::cluster::{self, ClusterView, MachineView};
 use crate::moving::live::read_live;
-use crate::store::{SnapshotStore, choose_snapshot};
+use crate::store::{Accept, SnapshotStore, choose_snapshot};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -135,7 +135,7 @@ pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &Preflig
 
 /// The objects whose status differs from the newest consistent snapshot, and its id.
 async fn freshness(store: &SnapshotStore, live: &[LiveObject]) -> Result<(Option<Vec<Blocker>>, Option<String>)> {
-    match choose_snapshot(store, None, false).await {
+    match choose_snapshot(store, None, &Accept::default()).await {
         Ok(loaded) => {
             let id = loaded.manifest.snapshot_id.to_string();
             Ok((Some(stale_objects(&id, &loaded.records, live)?), Some(id)))

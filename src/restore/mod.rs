@@ -27,7 +27,7 @@ use crate::domain::live::LiveObject;
 use crate::domain::pairing::{View, Views, Violation};
 use crate::format::SnapshotId;
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Pager, Writer, list_objects};
-use crate::store::{Passed, SnapshotStore, choose_snapshot};
+use crate::store::{Accept, Passed, SnapshotStore, choose_snapshot};
 
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {
@@ -38,6 +38,8 @@ pub struct RestoreOptions {
     pub dry_run: bool,
     /// Use snapshots whose capture was inconsistent.
     pub allow_inconsistent: bool,
+    /// Use snapshots captured from the cluster the restore writes to.
+    pub allow_same_cluster: bool,
     /// Writes in flight at once.
     pub concurrency: usize,
     pub page_size: u32,
@@ -63,6 +65,7 @@ impl RestoreOptions {
             force: false,
             dry_run: false,
             allow_inconsistent: false,
+            allow_same_cluster: false,
             concurrency: 16,
             page_size: DEFAULT_PAGE_SIZE,
             selector: None,
@@ -164,7 +167,12 @@ async fn restore(
     opts: &RestoreOptions,
     stop: Stop,
 ) -> Result<RestoreReport> {
-    let loaded = choose_snapshot(store, opts.snapshot.as_ref(), opts.allow_inconsistent).await?;
+    let accept = Accept {
+        inconsistent: opts.allow_inconsistent,
+        this_cluster: crate::k8s::cluster_uid(client).await,
+        same_cluster: opts.allow_same_cluster,
+    };
+    let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
     let manifest = &loaded.manifest;
     info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), "snapshot loaded and verified");
     let started = std::time::Instant::now();
@@ -366,7 +374,10 @@ mod tests {
     #[tokio::test]
     async fn a_key_count_that_outlives_its_continue_token_lists_again_from_the_start() {
         let (client, handle) = api::client();
-        let server = tokio::spawn(list_with_an_expired_token(handle, None));
+        let server = tokio::spawn(async move {
+            let mut api = handle;
+            list_with_an_expired_token(&mut api, None).await
+        });
         let profile = Profile::metal_operator();
         let kind = profile.kind("Server").unwrap();
         let keys = live_keys(&client, kind, &PageRequest { size: 2, ..Default::default() }).await.unwrap();
@@ -379,7 +390,10 @@ mod tests {
     #[tokio::test]
     async fn pages_listed_again_after_an_expired_token_plan_each_object_once() {
         let (client, handle) = api::client();
-        let server = tokio::spawn(list_with_an_expired_token(handle, None));
+        let server = tokio::spawn(async move {
+            let mut api = handle;
+            list_with_an_expired_token(&mut api, None).await
+        });
         let profile = Profile::metal_operator();
         let kind = profile.kind("Server").unwrap();
         let records = Records::from_records(

@@ -1,6 +1,7 @@
 //! Which snapshot to restore from: the pinned one, or the newest complete one that loads,
-//! verifies and (unless allowed otherwise) is consistent. A damaged or foreign snapshot is
-//! reported and passed over for the previous one; a store that cannot be read is an error.
+//! verifies, (unless allowed otherwise) is consistent and was not captured from the cluster
+//! the restore writes to. A damaged, foreign or own snapshot is reported and passed over for
+//! the previous one; a store that cannot be read is an error.
 
 use serde::Serialize;
 use tracing::warn;
@@ -23,14 +24,41 @@ pub struct Loaded {
     pub passed_over: Vec<Passed>,
 }
 
-/// Loads the pinned snapshot, or the newest complete one that verifies and, unless
-/// `allow_inconsistent`, is consistent.
-pub async fn choose_snapshot(
-    store: &SnapshotStore,
-    pinned: Option<&SnapshotId>,
-    allow_inconsistent: bool,
-) -> Result<Loaded> {
-    let newest = choose(store, pinned, None, allow_inconsistent).await?;
+/// Which snapshots a restore accepts besides complete, verified ones.
+#[derive(Debug, Clone, Default)]
+pub struct Accept {
+    /// Snapshots whose capture was inconsistent.
+    pub inconsistent: bool,
+    /// The cluster the restore writes to (its `kube-system` uid, see
+    /// [`crate::k8s::cluster_uid`]): a snapshot captured from it is refused, since restoring it
+    /// writes the cluster's own (perhaps status-less) statuses back onto it. `None`: unknown.
+    pub this_cluster: Option<String>,
+    /// Accept a snapshot captured from `this_cluster` all the same (`--allow-same-cluster`).
+    pub same_cluster: bool,
+}
+
+impl Accept {
+    /// Why a snapshot with `manifest` is refused, if it is.
+    fn refuses(&self, manifest: &Manifest) -> Option<Error> {
+        // This cluster's own snapshot first: whatever else it is, it is not the one to use.
+        if let (Some(from), Some(this)) = (&manifest.captured_from, &self.this_cluster)
+            && from == this
+            && !self.same_cluster
+        {
+            return Some(Error::SameCluster { snapshot: manifest.snapshot_id.to_string(), cluster: this.clone() });
+        }
+        if !manifest.is_consistent() && !self.inconsistent {
+            let snapshot = manifest.snapshot_id.to_string();
+            return Some(Error::Inconsistent { snapshot, reason: inconsistent(manifest) });
+        }
+        None
+    }
+}
+
+/// Loads the pinned snapshot, or the newest complete one that verifies and that `accept`
+/// accepts (consistent, not captured from this cluster, unless allowed).
+pub async fn choose_snapshot(store: &SnapshotStore, pinned: Option<&SnapshotId>, accept: &Accept) -> Result<Loaded> {
+    let newest = choose(store, pinned, None, accept).await?;
     newest.ok_or_else(|| Error::NoSnapshot {
         cluster: store.cluster_id().to_string(),
         location: store.location().to_string(),
@@ -39,26 +67,22 @@ pub async fn choose_snapshot(
 
 /// The snapshot [`choose_snapshot`] would load now, unless that is `current`: then `None`,
 /// and no payload is downloaded (the controller's periodic refresh).
-pub async fn choose_newer(
-    store: &SnapshotStore,
-    current: &SnapshotId,
-    allow_inconsistent: bool,
-) -> Result<Option<Loaded>> {
-    choose(store, None, Some(current), allow_inconsistent).await
+pub async fn choose_newer(store: &SnapshotStore, current: &SnapshotId, accept: &Accept) -> Result<Option<Loaded>> {
+    choose(store, None, Some(current), accept).await
 }
 
 async fn choose(
     store: &SnapshotStore,
     pinned: Option<&SnapshotId>,
     current: Option<&SnapshotId>,
-    allow_inconsistent: bool,
+    accept: &Accept,
 ) -> Result<Option<Loaded>> {
-    // The manifest says whether the snapshot is consistent: an inconsistent one is passed
-    // over before its payload is downloaded.
+    // The manifest says whether the snapshot is consistent and where it was captured: a
+    // refused one is passed over before its payload is downloaded.
     let load = |id: SnapshotId| async move {
         let manifest = store.manifest(&id).await?;
-        if !manifest.is_consistent() && !allow_inconsistent {
-            return Err(Error::Inconsistent { snapshot: id.to_string(), reason: inconsistent(&manifest) });
+        if let Some(refused) = accept.refuses(&manifest) {
+            return Err(refused);
         }
         let records = Records::decode(&manifest, store.fetch_payload(&manifest).await?)?;
         Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![] })
@@ -75,6 +99,10 @@ async fn choose(
             Err(Error::Inconsistent { snapshot, reason }) => {
                 warn!(snapshot = %entry.id, "snapshot is inconsistent; trying the previous one");
                 passed_over.push(Passed { snapshot, reason });
+            }
+            Err(e @ Error::SameCluster { .. }) => {
+                warn!(snapshot = %entry.id, "snapshot was captured from this cluster; trying the previous one");
+                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
             }
             Ok(loaded) => return Ok(Some(Loaded { passed_over, ..loaded })),
             Err(e @ (Error::Store { .. } | Error::Io { .. } | Error::TooLarge { .. })) => return Err(e),

@@ -27,7 +27,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, RetryConfig
 use tracing::warn;
 use url::Url;
 
-pub use choose::{Loaded, Passed, choose_newer, choose_snapshot, resolve};
+pub use choose::{Accept, Loaded, Passed, choose_newer, choose_snapshot, resolve};
 pub use retention::{Deletion, RetentionPolicy};
 
 use crate::format::Record;

@@ -118,7 +118,11 @@ env:
   - name: RESTATUS_STORAGE
     value: {{ required "storage (s3://bucket/prefix) is required" $.Values.storage | quote }}
   - name: RESTATUS_CLUSTER_ID
+    {{- if and (eq (index . 1) "controller") $.Values.controller.restoreFrom }}
+    value: {{ $.Values.controller.restoreFrom | quote }}
+    {{- else }}
     value: {{ required "clusterId is required" $.Values.clusterId | quote }}
+    {{- end }}
   {{- with $.Values.profile }}
   - name: RESTATUS_PROFILE
     value: {{ . | quote }}
