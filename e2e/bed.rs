@@ -1,9 +1,11 @@
 //! Access to the test bed started by `scripts/testbed up`: clusters, S3, the restatus binary.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kube::config::Kubeconfig;
+use restatus::domain::annotations::{QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use restatus::format::{Manifest, Record};
 use restatus::store::SnapshotStore;
 
@@ -15,7 +17,8 @@ pub struct Bed {
     pub scratch: tempfile::TempDir,
 }
 
-fn env(name: &str) -> String {
+/// A variable of the test bed's environment (`scripts/testbed env`).
+pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!(
             "{name} is not set: the e2e tests need the test bed. Run `scripts/test`, or \
@@ -221,7 +224,8 @@ pub async fn simulate_move(source: &kube::Client, target: &kube::Client, fleet: 
     }
 }
 
-async fn ensure_namespace(client: &kube::Client, name: &str) {
+/// Creates namespace `name` unless it exists.
+pub async fn ensure_namespace(client: &kube::Client, name: &str) {
     use k8s_openapi::api::core::v1::Namespace;
     let api: kube::Api<Namespace> = kube::Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
@@ -511,4 +515,84 @@ pub fn assert_only_the_quiesce_protocol(bed: &Bed, admin: &Path, kubeconfig: &Pa
         kubeconfig,
         &[patch(r#"{"metadata":{"annotations":{"metal.ironcore.dev/operation":null,"restatus.ironcore.dev/quiesced-by":null}}}"#)],
     );
+}
+
+/// Waits (at most `within`) until at least `n` objects of `fleet` on `client`'s cluster carry
+/// restatus's restored-from mark: a restore is then under way.
+pub async fn wait_some_restored(client: &kube::Client, fleet: &str, n: usize, within: std::time::Duration) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let state = fleet_state(client, fleet).await;
+        let restored = state.values().filter(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION)).count();
+        if restored >= n {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{restored} of {fleet} restored after {within:?}, not {n}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// After a restore stopped midway: no object is left quiesced by restatus, and each one is
+/// either restored (status written, marked) or untouched (no status). Returns how many were
+/// restored, and asserts some were not (else nothing was stopped).
+pub fn assert_stopped_cleanly(state: &BTreeMap<String, (serde_json::Value, BTreeMap<String, String>)>) -> usize {
+    for (name, (status, annotations)) in state {
+        assert!(!annotations.contains_key(QUIESCED_BY_ANNOTATION), "{name} left quiesced by restatus");
+        assert_eq!(
+            annotations.contains_key(RESTORED_FROM_ANNOTATION),
+            !status.is_null(),
+            "{name}: a status written is released and marked; one not written is untouched"
+        );
+    }
+    let restored = state.values().filter(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION)).count();
+    assert!(restored < state.len(), "everything was restored before the stop ({restored}): nothing was stopped");
+    restored
+}
+
+/// An admission policy a test injects as a fault, on `kubeconfig`'s cluster: updates of
+/// metal-operator `resources` (YAML list) for which the CEL `condition` holds are denied unless
+/// `validation` holds. Removed by [`InjectedPolicy::remove`].
+pub struct InjectedPolicy {
+    file: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl InjectedPolicy {
+    pub async fn deny_updates(
+        bed: &Bed,
+        kubeconfig: &Path,
+        name: &str,
+        resources: &str,
+        condition: &str,
+        validation: &str,
+    ) -> InjectedPolicy {
+        let spec = format!(
+            "matchConstraints:\n  resourceRules:\n  - apiGroups: [metal.ironcore.dev]\n    apiVersions: [\"*\"]\n    \
+             operations: [UPDATE]\n    resources: {resources}\nmatchConditions:\n- name: injected\n  \
+             expression: {condition:?}\nvalidations:\n- expression: {validation:?}\n  message: injected fault\n"
+        );
+        let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
+        let policy = format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {{name: {name}}}\n\
+             spec:\n  failurePolicy: Fail\n{spec}---\napiVersion: admissionregistration.k8s.io/v1\n\
+             kind: ValidatingAdmissionPolicyBinding\nmetadata: {{name: {name}}}\n\
+             spec: {{policyName: {name}, validationActions: [Deny]}}\n"
+        );
+        let file = bed.scratch.path().join(format!("{name}-policy.yaml"));
+        std::fs::write(&file, policy).unwrap();
+        let injected = InjectedPolicy { file, kubeconfig: kubeconfig.to_path_buf() };
+        assert_success(&injected.kubectl(bed, "apply"), "apply the injected policy");
+        // The API server admits with the policies its informer has seen, a moment after the
+        // write; nothing tells when (no status without a controller manager on the bed).
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        injected
+    }
+
+    pub fn remove(&self, bed: &Bed) {
+        assert_success(&self.kubectl(bed, "delete"), "delete the injected policy");
+    }
+
+    fn kubectl(&self, bed: &Bed, verb: &str) -> Output {
+        bed.kubectl(&self.kubeconfig, &[verb, "-f", self.file.to_str().unwrap()])
+    }
 }

@@ -19,7 +19,8 @@ use restatus::fleet::{FLEET_LABEL, FleetSpec};
 use serde_json::{Value, json};
 
 use crate::bed::{
-    Bed, MOVES, QUIESCE_PATCH, TARGET, assert_success, fleet_state, foreign_patches, merge_patch, stdout, unique,
+    Bed, InjectedPolicy, MOVES, QUIESCE_PATCH, TARGET, assert_success, fleet_state, foreign_patches, merge_patch,
+    stdout, unique,
 };
 
 pub(crate) const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
@@ -843,36 +844,18 @@ async fn a_source_leader_killed_in_the_middle_of_its_quiesce_releases_everything
     let fx = Fixture::new(4, 2, 0).await;
     let stuck = fx.fleet.server_name(2);
     let name = format!("{}-stuck", fx.fleet.name);
-    let policy = format!(
-        r#"apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata: {{name: {name}}}
-spec:
-  failurePolicy: Fail
-  matchConstraints:
-    resourceRules:
-    - apiGroups: [metal.ironcore.dev]
-      apiVersions: ["*"]
-      operations: [UPDATE]
-      resources: [servers]
-  matchConditions:
-  - name: the-stuck-server
-    expression: "object.metadata.name == '{stuck}'"
-  validations:
-  - expression: "!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)"
-    message: injected fault
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata: {{name: {name}}}
-spec: {{policyName: {name}, validationActions: [Deny]}}
-"#
-    );
-    let file = fx.bed.scratch.path().join(format!("{name}.yaml"));
-    std::fs::write(&file, policy).unwrap();
-    let kubectl = |verb: &str| fx.bed.kubectl(&fx.bed.source_kubeconfig, &[verb, "-f", file.to_str().unwrap()]);
-    assert_success(&kubectl("apply"), "apply the policy");
-    tokio::time::sleep(Duration::from_secs(3)).await; // the policy reaches the API server's cache
+    let the_stuck_server = format!("object.metadata.name == '{stuck}'");
+    let unquiesced =
+        format!("!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)");
+    let stuck_policy = InjectedPolicy::deny_updates(
+        &fx.bed,
+        &fx.bed.source_kubeconfig,
+        &name,
+        "[servers]",
+        &the_stuck_server,
+        &unquiesced,
+    )
+    .await;
 
     let lease = unique("src-lease");
     let (mut a, a_url, a_log) = fx.replica(&lease);
@@ -936,7 +919,7 @@ spec: {{policyName: {name}, validationActions: [Deny]}}
     })
     .await;
     eprintln!("the standby released the half-quiesced fleet {:?} after the kill", killed.elapsed());
-    assert_success(&kubectl("delete"), "delete the policy");
+    stuck_policy.remove(&fx.bed);
     let survivor = if a_leads { &mut b } else { &mut a };
     let _ = Command::new("kill").arg("-TERM").arg(survivor.0.id().to_string()).status();
     assert!(survivor.0.wait().unwrap().success());

@@ -407,6 +407,27 @@ struct Fleet {
 }
 
 impl Fleet {
+    /// What a scenario did, from `marks` (Redfish log, operator logs) on: the Redfish changes,
+    /// the operators' actions, the states the target's Servers went through (`states`), and the
+    /// statuses on the target now against `before`.
+    async fn outcome(
+        &self,
+        scenario: &'static str,
+        (mark, logs): (u64, [u64; 2]),
+        states: StateLog,
+        before: BTreeMap<String, Value>,
+    ) -> Outcome {
+        let target = self.ob.bed.target().await;
+        Outcome {
+            scenario,
+            changes: self.ob.changes_since(mark),
+            actions: self.ob.actions_since(logs),
+            states: states.stop(),
+            after: statuses(&target, &self.name, &self.ns).await,
+            before,
+        }
+    }
+
     async fn build(tag: &str) -> Fleet {
         let started = Instant::now();
         let ob = OpBed::up().await;
@@ -665,6 +686,18 @@ struct Outcome {
 }
 
 impl Outcome {
+    /// The promise of scenarios 2 and 3: the operators changed no machine, no Server lost its
+    /// state or inventory, no claim lost Bound, claims and Servers pair up on the target, and
+    /// every status is as it was on the source.
+    async fn assert_no_machine_touched_and_nothing_lost(&self, fx: &Fleet) {
+        assert!(self.changes.is_empty(), "the move changed machines: {:#?}", self.changes);
+        assert!(self.servers_changed().is_empty() && self.claims_unbound().is_empty());
+        assert!(self.inventory_lost().is_empty());
+        let target = fx.ob.bed.target().await;
+        assert_paired(&self.after, &refs(&target, &fx.name, &fx.ns).await);
+        assert_kept(&self.before, &self.after);
+    }
+
     fn per_mock(&self) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
         for c in &self.changes {
@@ -813,14 +846,7 @@ async fn without_restatus_the_move_makes_metal_operator_rediscover_reserved_serv
 
     let took = fx.clusterctl_move().await;
     tokio::time::sleep(SETTLE).await;
-    let outcome = Outcome {
-        scenario: "1 without restatus",
-        changes: fx.ob.changes_since(mark),
-        actions: fx.ob.actions_since(logs),
-        states: states.stop(),
-        after: statuses(&target, &fx.name, &fx.ns).await,
-        before,
-    };
+    let outcome = fx.outcome("1 without restatus", (mark, logs), states, before).await;
     fx.ob.say(format!("[1] clusterctl move took {took:?}; operators watched for {SETTLE:?} after it"));
     outcome.print(&fx.ob);
 
@@ -849,22 +875,11 @@ async fn with_the_handshake_metal_operator_on_the_target_changes_no_machine() {
     let took = fx.clusterctl_move().await;
     let restored_in = wait_restored(&fx, &before, Duration::from_secs(90)).await;
     tokio::time::sleep(SETTLE).await;
-    let outcome = Outcome {
-        scenario: "2 handshake",
-        changes: fx.ob.changes_since(mark),
-        actions: fx.ob.actions_since(logs),
-        states: states.stop(),
-        after: statuses(&target, &fx.name, &fx.ns).await,
-        before,
-    };
+    let outcome = fx.outcome("2 handshake", (mark, logs), states, before).await;
     fx.ob.say(format!("[2] clusterctl move took {took:?}; every status back and released {restored_in:?} after it"));
     outcome.print(&fx.ob);
 
-    assert!(outcome.changes.is_empty(), "the move changed machines: {:#?}", outcome.changes);
-    assert!(outcome.servers_changed().is_empty() && outcome.claims_unbound().is_empty());
-    assert!(outcome.inventory_lost().is_empty());
-    assert_paired(&outcome.after, &refs(&target, &fx.name, &fx.ns).await);
-    assert_kept(&outcome.before, &outcome.after);
+    outcome.assert_no_machine_touched_and_nothing_lost(&fx).await;
 }
 
 #[tokio::test]
@@ -885,22 +900,11 @@ async fn a_one_shot_restore_before_metal_operator_starts_on_the_target_changes_n
     let states = StateLog::start(&target, &fx.name);
     let _boot = BootStandIn::start(target.clone(), fx.ns.clone(), fx.name.clone());
     tokio::time::sleep(SETTLE).await;
-    let outcome = Outcome {
-        scenario: "3 one-shot restore",
-        changes: fx.ob.changes_since(mark),
-        actions: fx.ob.actions_since(logs),
-        states: states.stop(),
-        after: statuses(&target, &fx.name, &fx.ns).await,
-        before,
-    };
+    let outcome = fx.outcome("3 one-shot restore", (mark, logs), states, before).await;
     fx.ob.say(format!("[3] clusterctl move took {took:?}; restore {restored_in:?}: {}", report["counts"]));
     outcome.print(&fx.ob);
 
-    assert!(outcome.changes.is_empty(), "the move changed machines: {:#?}", outcome.changes);
-    assert!(outcome.servers_changed().is_empty() && outcome.claims_unbound().is_empty());
-    assert!(outcome.inventory_lost().is_empty());
-    assert_paired(&outcome.after, &refs(&target, &fx.name, &fx.ns).await);
-    assert_kept(&outcome.before, &outcome.after);
+    outcome.assert_no_machine_touched_and_nothing_lost(&fx).await;
 }
 
 #[tokio::test]
@@ -978,14 +982,7 @@ async fn after_losing_the_source_the_last_snapshot_restores_the_fleet_and_holds_
     let release = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null}}});
     servers.patch(&late, &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
     tokio::time::sleep(SETTLE).await;
-    let outcome = Outcome {
-        scenario: "4 disaster recovery",
-        changes: fx.ob.changes_since(mark),
-        actions: fx.ob.actions_since(logs),
-        states: states.stop(),
-        after: statuses(&target, &fx.name, &fx.ns).await,
-        before: at_loss.clone(),
-    };
+    let outcome = fx.outcome("4 disaster recovery", (mark, logs), states, at_loss.clone()).await;
     let stale: Vec<&String> = at_loss.iter().filter(|(k, s)| in_snapshot.get(*k) != Some(s)).map(|(k, _)| k).collect();
     let missing: Vec<&String> = at_loss.keys().filter(|k| !in_snapshot.contains_key(*k)).collect();
     fx.ob.say(format!(

@@ -12,12 +12,8 @@ use std::time::{Duration, Instant};
 use restatus::domain::annotations::QUIESCED_BY_ANNOTATION;
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 
-use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, stdout, unique};
+use crate::bed::{Bed, TARGET, assert_success, env, fleet_state, simulate_move, stderr, stdout, unique};
 use crate::metrics::{Process, free_port, scrape, value};
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
-}
 
 fn versitygw() -> std::path::PathBuf {
     std::path::Path::new(&env("RESTATUS_BIN")).join("versitygw")

@@ -13,7 +13,10 @@ use restatus::restore::plan::{self, PlanInput, Verdict};
 use restatus::restore::{Applier, RestoreOptions};
 use serde_json::{Value, json};
 
-use crate::bed::{Bed, TARGET, assert_success, fleet_state, simulate_move, stderr, stdout, unique};
+use crate::bed::{
+    Bed, TARGET, assert_stopped_cleanly, assert_success, fleet_state, simulate_move, stderr, stdout, unique,
+    wait_some_restored,
+};
 
 /// A fleet on the source, backed up under a cluster id of its own.
 struct Scenario {
@@ -566,15 +569,7 @@ async fn a_restore_stopped_by_sigterm_finishes_what_it_started_releases_it_and_s
         .spawn()
         .unwrap();
     // SIGTERM once the restore has restored some objects: it is writing then.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let state = s.target_state().await;
-        if state.values().filter(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION)).count() >= 5 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the restore restored nothing in 120 s");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_some_restored(&s.bed.target().await, &s.spec.name, 5, std::time::Duration::from_secs(120)).await;
     let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
 
@@ -583,22 +578,12 @@ async fn a_restore_stopped_by_sigterm_finishes_what_it_started_releases_it_and_s
     let not_started = report["stopped"]["writesNotStarted"].as_u64().expect("the report says it stopped");
     let message = stderr(&out);
     assert!(message.contains("restore stopped by a signal"), "{message}");
-    let state = s.target_state().await;
-    let restored = state.values().filter(|(_, a)| a.contains_key(RESTORED_FROM_ANNOTATION)).count();
     assert!(
         not_started > 0 || !report["stopped"]["kindsNotReached"].as_array().unwrap().is_empty(),
-        "the signal came after the restore was done ({restored} of {} restored): nothing was left to stop",
-        state.len()
+        "the report says nothing was left: {}",
+        report["stopped"]
     );
-    assert!(restored < state.len(), "everything restored although the restore stopped");
-    for (name, (status, annotations)) in &state {
-        assert!(!annotations.contains_key(QUIESCED_BY_ANNOTATION), "{name} left quiesced by restatus");
-        assert_eq!(
-            annotations.contains_key(RESTORED_FROM_ANNOTATION),
-            !status.is_null(),
-            "{name}: a status written is released and marked; one not written is untouched"
-        );
-    }
+    let restored = assert_stopped_cleanly(&s.target_state().await);
     assert_eq!(report["writes"].as_u64().unwrap() as usize, 3 * restored, "quiesce, status, release of each started");
 
     // The rerun does the rest.
