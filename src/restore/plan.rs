@@ -22,7 +22,7 @@ use crate::Result;
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::status::{FieldChange, diff};
-use crate::format::{IdentityKey, KeyDigest, ObjectRef, Record, Records, SnapshotId};
+use crate::format::{CLOCK_SKEW_TOLERANCE, IdentityKey, KeyDigest, ObjectRef, Record, Records, SnapshotId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -442,10 +442,15 @@ pub fn decide(recorded: &RawValue, object: &LiveObject, snapshot_time: Option<Ti
     }
 }
 
-/// managedFields times have second precision: a write in the snapshot's own second may have
-/// come after it, so only writes in an earlier second count as before.
+/// Whether a status written at `written` (the target API server's clock, from managedFields)
+/// certainly predates the snapshot taken at `snapshot` (the backup machine's clock). The two
+/// clocks may disagree by up to [`CLOCK_SKEW_TOLERANCE`]: a backup clock 4 minutes ahead
+/// would otherwise date the snapshot after a status metal-operator wrote a minute after the
+/// real capture, and the restore would revert the operator. So only writes more than the
+/// tolerance before the snapshot count as older; managedFields times have second precision,
+/// so the snapshot's own second never counts as before.
 fn written_before(written: Timestamp, snapshot: Timestamp) -> bool {
-    written.as_second() < snapshot.as_second()
+    written.as_second() < snapshot.as_second() - CLOCK_SKEW_TOLERANCE.as_secs() as i64
 }
 
 #[cfg(test)]
@@ -582,6 +587,41 @@ mod tests {
             explain: true,
         };
         assert_eq!(plan(&input).unwrap().items[0].verdict, Verdict::SkipNewer);
+    }
+
+    /// Issue 21, item 11: the backup machine's clock 5 minutes ahead of the target's API server,
+    /// or behind it; metal-operator writes a status one minute after the real capture. It is
+    /// never reverted; a status written well before the snapshot still is restored.
+    #[test]
+    fn clock_skew_of_five_minutes_either_way_never_reverts_a_status_written_after_the_capture() {
+        let k = key("spec.systemUUID", "u1");
+        let real_capture = ts("2026-11-30T09:00:00Z");
+        let operator_wrote = ts("2026-11-30T09:01:00Z");
+        let profile = Profile::metal_operator();
+        let records = Records::from_records(vec![record("Server", "s1", std::slice::from_ref(&k), reserved())]);
+        let verdict = |skew_secs: i64, written: Timestamp| {
+            let mut object = live("Server", "s1", std::slice::from_ref(&k), Some(json!({"state": "Available"})));
+            object.status_written_at = Some(written);
+            let dated = real_capture + jiff::SignedDuration::from_secs(skew_secs);
+            let id = SnapshotId::new(dated);
+            let input = PlanInput {
+                profile: &profile,
+                snapshot: &id,
+                snapshot_time: Some(dated),
+                records: &records,
+                live: std::slice::from_ref(&object),
+                force: false,
+                explain: false,
+            };
+            plan(&input).unwrap().items[0].verdict
+        };
+        for skew in [-300, -60, 0, 60, 240, 300] {
+            assert_eq!(verdict(skew, operator_wrote), Verdict::SkipNewer, "backup clock {skew:+} s off");
+        }
+        // Restored: a status written an hour before the capture, whatever the skew.
+        for skew in [-300, 0, 300] {
+            assert_eq!(verdict(skew, ts("2026-11-30T08:00:00Z")), Verdict::Restore, "backup clock {skew:+} s off");
+        }
     }
 
     #[test]
