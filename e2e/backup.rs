@@ -398,7 +398,8 @@ async fn no_spelling_of_a_secret_kind_makes_a_request_for_secrets_says_the_audit
             continue;
         }
         backed_up += 1;
-        let restore = ["restore", "--profile", profile, "--selector", &selector];
+        // Onto the cluster it was captured from, on purpose: its requests are what is audited.
+        let restore = ["restore", "--allow-same-cluster", "--profile", profile, "--selector", &selector];
         assert_success(&bed.restatus_with(&kubeconfig, &storage, &spec.name, &restore, &[]), "restore");
     }
     assert!(backed_up >= 6, "only {backed_up} spellings got as far as a backup");

@@ -87,6 +87,14 @@ pub enum Error {
     #[error("{kind} {name}: kept changing: {attempts} conflicting writes")]
     KeptChanging { kind: String, name: String, attempts: usize },
 
+    /// A status write the API server answered without storing the status (its kind gained a
+    /// status subresource since restatus asked).
+    #[error(
+        "{kind} {name}: the status of snapshot {snapshot} was not stored (the answer shows another); \
+         the kind's subresources are asked again before the retry"
+    )]
+    StatusNotStored { kind: String, name: String, snapshot: String },
+
     #[error("leader election: {0}")]
     Leader(String),
 
@@ -124,6 +132,7 @@ impl Error {
             Error::Kubeconfig { .. } => "kubeconfig",
             Error::InvalidObject { .. } => "invalid_object",
             Error::KeptChanging { .. } => "kept_changing",
+            Error::StatusNotStored { .. } => "status_not_stored",
             Error::Leader(_) => "leader",
             Error::WatchesEnded => "watches_ended",
             Error::Io { .. } => "io",

@@ -451,6 +451,11 @@ async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSen
             }
             Ok(Some(WatchEvent::Delete(o))) => o.metadata.uid.clone().map(Change::Delete),
             Ok(Some(WatchEvent::Init)) => {
+                // A (re-)list: the kind may have come with a CRD installed or upgraded since the
+                // writer asked discovery about it; its next write asks again.
+                if let Some(writer) = ctx.writer.get() {
+                    writer.forget(&kind);
+                }
                 listing.clear();
                 None
             }

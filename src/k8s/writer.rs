@@ -1,8 +1,10 @@
 //! Writes to objects of the profile's kinds, as restatus (field manager `restatus`): JSON
 //! merge patches and replaces of an object or its subresource, re-reads, and Events. Requests
-//! and answers stay raw JSON. Discovery tells which kinds have a status subresource.
+//! and answers stay raw JSON. Discovery tells which kinds have a status subresource: asked at
+//! start, asked again for a kind its group did not serve then (a CRD installed later), and
+//! again after a status write that did not stick ([`Writer::forget`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::api::{GetParams, Patch, PatchParams, PostParams};
@@ -22,39 +24,74 @@ pub const FIELD_MANAGER: &str = TOOL_NAME;
 pub struct Writer {
     client: kube::Client,
     reporter: Reporter,
-    status_subresource: HashSet<String>,
+    /// Per kind (by qualified kind) whose group/version discovery answered: whether it has a
+    /// status subresource. A kind not here is asked about on its next write.
+    discovered: std::sync::RwLock<HashMap<String, bool>>,
 }
 
 impl Writer {
     /// Asks the API server (discovery) which kinds of the profile have a status subresource.
     pub async fn new(client: &kube::Client, profile: &Profile) -> Result<Self> {
-        let mut status_subresource = HashSet::new();
+        let writer = Writer { client: client.clone(), reporter: events::reporter(), discovered: Default::default() };
         // Denied kinds are never written: their groups are not asked (a profile may spell the
         // core group `core`, which no API server serves under /apis).
-        let kinds = || profile.kinds.iter().filter(|k| !k.is_denied());
-        let mut versions: Vec<(&str, &str)> = kinds().map(|k| (&*k.group, &*k.version)).collect();
+        let kinds: Vec<&KindProfile> = profile.kinds.iter().filter(|k| !k.is_denied()).collect();
+        let mut versions: Vec<(&str, &str)> = kinds.iter().map(|k| (&*k.group, &*k.version)).collect();
         versions.sort();
         versions.dedup();
         for (group, version) in versions {
-            let path = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
-            let request = http::Request::get(&path)
-                .body(vec![])
-                .map_err(|e| Error::kube(format!("discover {path}"), kube::Error::HttpError(e)))?;
-            let served: APIResourceList = match client.request(request).await {
-                Ok(list) => list,
-                // Not served: nothing of it can be written; planning says so per object.
-                // (A 404 of a group the server does not know comes with a plain-text body.)
-                Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 404 => continue,
-                Err(e) => return Err(Error::kube(format!("discover {path}"), e)),
-            };
-            let names: HashSet<&str> = served.resources.iter().map(|r| r.name.as_str()).collect();
-            for kind in kinds().filter(|k| k.group == group && k.version == version) {
-                if names.contains(format!("{}/status", kind.plural).as_str()) {
-                    status_subresource.insert(kind.kind.clone());
-                }
-            }
+            writer.discover(group, version, kinds.iter().copied()).await?;
         }
-        Ok(Writer { client: client.clone(), reporter: events::reporter(), status_subresource })
+        Ok(writer)
+    }
+
+    /// Asks the API server which of `kinds` (those of `group`/`version`) have a status
+    /// subresource, and remembers it. A group/version not served is remembered for none.
+    async fn discover<'k>(
+        &self,
+        group: &str,
+        version: &str,
+        kinds: impl Iterator<Item = &'k KindProfile>,
+    ) -> Result<()> {
+        let path = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+        let request = http::Request::get(&path)
+            .body(vec![])
+            .map_err(|e| Error::kube(format!("discover {path}"), kube::Error::HttpError(e)))?;
+        let served: APIResourceList = match self.client.request(request).await {
+            Ok(list) => list,
+            // Not served: nothing of it can be written; planning says so per object.
+            // (A 404 of a group the server does not know comes with a plain-text body.)
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 404 => return Ok(()),
+            Err(e) => return Err(Error::kube(format!("discover {path}"), e)),
+        };
+        let names: HashSet<&str> = served.resources.iter().map(|r| r.name.as_str()).collect();
+        let mut discovered = self.discovered.write().unwrap_or_else(|e| e.into_inner());
+        for kind in kinds.filter(|k| k.group == group && k.version == version) {
+            let status = names.contains(format!("{}/status", kind.plural).as_str());
+            discovered.insert(kind.qualified_kind(), status);
+        }
+        Ok(())
+    }
+
+    /// Whether `kind` has a status subresource; asks the API server when its group/version was
+    /// not served when last asked (a CRD installed after restatus started, or upgraded).
+    pub async fn status_subresource(&self, kind: &KindProfile) -> Result<bool> {
+        if let Some(known) = self.known_status_subresource(kind) {
+            return Ok(known);
+        }
+        self.discover(&kind.group, &kind.version, std::iter::once(kind)).await?;
+        Ok(self.known_status_subresource(kind).unwrap_or(false))
+    }
+
+    /// What discovery last said of `kind`'s status subresource, if it was asked.
+    pub fn known_status_subresource(&self, kind: &KindProfile) -> Option<bool> {
+        self.discovered.read().unwrap_or_else(|e| e.into_inner()).get(&kind.qualified_kind()).copied()
+    }
+
+    /// Forgets what discovery said of `kind`: a status write that did not stick means the
+    /// kind changed (a CRD upgrade added the subresource); its next write asks again.
+    pub fn forget(&self, kind: &KindProfile) {
+        self.discovered.write().unwrap_or_else(|e| e.into_inner()).remove(&kind.qualified_kind());
     }
 
     /// A JSON merge patch of the object (or of its `subresource`), as restatus. The answer
@@ -94,10 +131,6 @@ impl Writer {
         }
         .map_err(kube::Error::BuildRequest)?;
         self.client.request_text(request).await
-    }
-
-    pub fn has_status_subresource(&self, kind: &KindProfile) -> bool {
-        self.status_subresource.contains(&kind.kind)
     }
 
     /// Publishes an Event about `object`, a new one each time (failures are logged only).
@@ -154,9 +187,16 @@ pub async fn annotate(
 #[cfg(test)]
 impl Writer {
     /// A writer on a scripted client that knows which kinds have a status subresource.
+    /// (`status_subresource`: kinds of the metal-operator profile, e.g. `Server`; the other
+    /// kinds of the profile are known to have none.)
     pub(crate) fn scripted(client: kube::Client, status_subresource: &[&str]) -> Self {
         let reporter = Reporter { controller: TOOL_NAME.into(), instance: None };
-        Writer { client, reporter, status_subresource: status_subresource.iter().map(|k| k.to_string()).collect() }
+        let discovered = Profile::metal_operator()
+            .kinds
+            .iter()
+            .map(|k| (k.qualified_kind(), status_subresource.contains(&k.kind.as_str())))
+            .collect();
+        Writer { client, reporter, discovered: std::sync::RwLock::new(discovered) }
     }
 }
 

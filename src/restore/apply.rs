@@ -293,7 +293,7 @@ impl<'a> WriteSequence<'a> {
         let writer = self.applier.writer;
         let corrupt =
             |e| Error::corrupt(&self.applier.manifest.snapshot_id, format!("record {}: {e}", record.object_name()));
-        let answer = if writer.has_status_subresource(self.kind) {
+        let answer = if writer.status_subresource(self.kind).await? {
             let body = status_replacement(self.kind, &self.current, record).map_err(corrupt)?;
             self.writes += 1;
             writer.replace(self.kind, &self.current, Some("status"), body).await
@@ -306,9 +306,40 @@ impl<'a> WriteSequence<'a> {
             }
             let body = status_patch(&self.current, record).map_err(corrupt)?;
             self.writes += 1;
-            writer.merge_patch(self.kind, &self.current, None, &body).await
+            let answer = writer.merge_patch(self.kind, &self.current, None, &body).await;
+            if let Ok(stored) = &answer {
+                self.check_stored(stored, record)?;
+            }
+            answer
         };
         Ok(answer)
+    }
+
+    /// A status merge-patched onto the object itself is stored only where the kind has no
+    /// status subresource: with one (a CRD installed or upgraded since discovery), the API
+    /// server drops it silently. The answer must show the status changed (to the record's, or
+    /// to it with the schema's defaults); an answer with the status as it was means the write
+    /// failed (retried; the kind's subresources are asked again first), and the object is
+    /// neither counted restored nor released.
+    fn check_stored(&self, stored: &str, record: &Record) -> Result<()> {
+        let object = RawObject::parse(stored).map_err(|e| self.invalid(format!("answer to the status write: {e}")))?;
+        let stored: Option<Value> = object.status().and_then(|s| serde_json::from_str(s.get()).ok());
+        let stored = stored.filter(|s| !s.is_null() && s.as_object().is_none_or(|m| !m.is_empty()));
+        let wanted: Option<Value> = serde_json::from_str(record.status.get()).ok();
+        let unchanged = match (&self.current.status, &stored) {
+            (None, None) => true,
+            (Some(before), Some(now)) => before.same_value(now),
+            _ => false,
+        };
+        if !unchanged || stored == wanted {
+            return Ok(());
+        }
+        self.applier.writer.forget(self.kind);
+        Err(Error::StatusNotStored {
+            kind: self.kind.qualified_kind(),
+            name: self.current.name.clone(),
+            snapshot: self.applier.manifest.snapshot_id.to_string(),
+        })
     }
 
     /// Re-reads the object after a conflict and decides again. The new verdict is kept. An
@@ -363,7 +394,7 @@ impl<'a> WriteSequence<'a> {
         let writer = self.applier.writer;
         let context = |current: &LiveObject| format!("annotate {}", current.object_ref());
         let mut stale = false;
-        if let Some(written) = written.filter(|_| writer.has_status_subresource(self.kind)) {
+        if let Some(written) = written.filter(|_| writer.known_status_subresource(self.kind) == Some(true)) {
             let body = object::annotations_replaced(written, &self.marks(restored, release))
                 .map_err(|e| self.invalid(format!("answer to the status write: {e}")))?;
             self.writes += 1;
@@ -621,11 +652,20 @@ mod tests {
         F: FnOnce(Handle) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        restore_one_by(|client| Writer::scripted(client, &["Server"]), recorded, script).await
+    }
+
+    /// [`restore_one_with`] through the writer `writer` makes of the scripted client.
+    async fn restore_one_by<F, Fut>(writer: impl FnOnce(kube::Client) -> Writer, recorded: Value, script: F) -> Outcome
+    where
+        F: FnOnce(Handle) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let (client, handle) = api::client();
         let api_server = tokio::spawn(script(handle));
         let profile = Profile::metal_operator();
         let kind = profile.kind("Server").unwrap();
-        let writer = Writer::scripted(client, &["Server"]);
+        let writer = writer(client);
         let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
         let records = Records::from_records(vec![record("Server", "server-1", &[uuid("uuid-1")], recorded)]);
         let live = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
@@ -735,6 +775,86 @@ mod tests {
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 5, None));
+    }
+
+    /// The metal-operator group's discovery, with or without `servers/status`.
+    fn discovery(status: bool) -> String {
+        let mut resources = vec![
+            json!({"name": "servers", "singularName": "server", "namespaced": false, "kind": "Server", "verbs": ["get"]}),
+        ];
+        if status {
+            resources.push(json!({"name": "servers/status", "singularName": "", "namespaced": false, "kind": "Server", "verbs": ["update"]}));
+        }
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "metal.ironcore.dev/v1alpha1", "resources": resources}).to_string()
+    }
+
+    /// F55: a kind whose CRD was not served when the writer asked (installed after restatus
+    /// started) is asked about again before its first write, and gets its status through the
+    /// subresource.
+    #[tokio::test]
+    async fn a_kind_not_known_when_the_writer_started_is_asked_about_before_its_first_write() {
+        let undiscovered = |client| {
+            let writer = Writer::scripted(client, &[]);
+            writer.forget(Profile::metal_operator().kind("Server").unwrap());
+            writer
+        };
+        let outcome = restore_one_by(undiscovered, wanted(), |mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH, "quiesce");
+            let (method, path, _) = answer(&mut api, StatusCode::OK, discovery(true)).await;
+            assert_eq!((method, path.as_str()), (Method::GET, "/apis/metal.ironcore.dev/v1alpha1"));
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, format!("{SERVER}/status").as_str()));
+            claim_lookup(&mut api, StatusCode::OK).await;
+            let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("4", released, wanted())).await;
+            assert_eq!(method, Method::PUT, "release");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
+    }
+
+    /// F55: a status merge-patched onto the object that the API server did not store (the kind
+    /// gained a status subresource since discovery) is an error, not a restore: no release, no
+    /// Event (the controller retried such a "restored" object about 1,400 times in 90 s), and
+    /// the kind is asked about again on the next try.
+    #[tokio::test]
+    async fn a_status_the_api_server_did_not_store_is_an_error_and_not_a_restore() {
+        let (client, handle) = api::client();
+        let script = tokio::spawn(async move {
+            let mut api = handle;
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH, "quiesce");
+            // The status merge patch: the answer is the object without the status written.
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("3", quiesced(), Value::Null)).await;
+            assert_eq!((method, path.as_str()), (Method::PATCH, SERVER));
+            assert_eq!(body["status"], wanted());
+            // Nothing more: no release, no Event.
+        });
+        let writer = Writer::scripted(client, &[]);
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
+        let records = Records::from_records(vec![record("Server", "server-1", &[uuid("uuid-1")], wanted())]);
+        let live = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
+        let applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        let plan = plan::plan(&plan::PlanInput {
+            profile: &profile,
+            snapshot: &manifest.snapshot_id,
+            snapshot_time: Some(ts(SNAPSHOT_TIME)),
+            records: &records,
+            live: std::slice::from_ref(&live),
+            force: false,
+            explain: false,
+        })
+        .unwrap();
+        let outcome = applier.apply_item(kind, &plan.items[0], std::slice::from_ref(&live)).await;
+        script.await.expect("the scripted API server saw what it expected");
+        assert_eq!(outcome.writes, 2);
+        let error = outcome.error.expect("an error");
+        assert!(error.contains("server-1") && error.contains("was not stored"), "{error}");
+        assert_eq!(writer.known_status_subresource(kind), None, "asked again before the next write");
     }
 
     #[tokio::test]
