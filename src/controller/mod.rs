@@ -210,7 +210,7 @@ impl Loop {
     /// Reconciles the dirty objects; failures wait for a retry.
     async fn process(&mut self, ctx: &Context, stopping: &AtomicBool) {
         let dirty = std::mem::take(&mut self.dirty);
-        for (uid, failed) in process(ctx, &self.kinds, &self.live, dirty, stopping).await {
+        for (uid, failed) in process(ctx, &self.kinds, &self.live, &self.retries, dirty, stopping).await {
             match failed {
                 true => {
                     let wait = self.retries.failed(&uid, Instant::now());
@@ -332,6 +332,7 @@ async fn process(
     ctx: &Context,
     kinds: &[KindProfile],
     live: &LiveIndex,
+    retries: &Retries,
     dirty: HashMap<Uid, Instant>,
     stopping: &AtomicBool,
 ) -> Vec<(Uid, bool)> {
@@ -352,7 +353,8 @@ async fn process(
                 async move {
                     let failed = match live.neighbourhood(uid, &snapshot) {
                         Some(Ok((records, objects))) => {
-                            reconcile(ctx, kind, &snapshot, &records, &objects, uid, *seen).await
+                            let dirty = Dirty { uid, seen: *seen, failing: retries.contains(uid) };
+                            reconcile(ctx, kind, &snapshot, &records, &objects, dirty).await
                         }
                         Some(Err(e)) => {
                             ctx.metrics.errors.inc();
@@ -372,6 +374,13 @@ async fn process(
     results
 }
 
+/// A dirty object: its uid, when its change was seen, and whether its last restore failed.
+struct Dirty<'a> {
+    uid: &'a str,
+    seen: Instant,
+    failing: bool,
+}
+
 /// One object: the plan's verdict for it, applied if it writes. True when the write failed.
 async fn reconcile(
     ctx: &Context,
@@ -379,8 +388,7 @@ async fn reconcile(
     snapshot: &SnapshotIndex,
     records: &Records,
     objects: &[LiveObject],
-    uid: &str,
-    seen: Instant,
+    Dirty { uid, seen, failing }: Dirty<'_>,
 ) -> bool {
     let manifest = &snapshot.manifest;
     let input = PlanInput {
@@ -403,6 +411,13 @@ async fn reconcile(
     let mine = |i: &&plan::PlanItem| i.live.is_some_and(|l| objects[l].uid == uid);
     let Some(item) = plan.items.iter().find(mine) else { return false };
     ctx.metrics.decided(item.verdict);
+    if failing && item.verdict == Verdict::NotInSnapshot && item.release {
+        // Its restore failed; a newer snapshot without its record does not make it safe to
+        // hand over bare. It stays quiesced (and retried) until a snapshot restores it or a
+        // person removes the ignore.
+        info!(uid, "keeping restatus's ignore: its restore failed and this snapshot has no record for it");
+        return true;
+    }
     if !item.writes() {
         return false;
     }

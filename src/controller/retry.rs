@@ -43,6 +43,11 @@ impl Retries {
         due
     }
 
+    /// Whether the object's last try failed (it waits for a retry or is being retried).
+    pub fn contains(&self, uid: &str) -> bool {
+        self.entries.contains_key(uid)
+    }
+
     /// Objects waiting for a retry or being retried.
     pub fn len(&self) -> usize {
         self.entries.len()

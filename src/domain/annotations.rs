@@ -31,6 +31,13 @@ pub fn quiesced_by_restatus(annotations: &BTreeMap<String, String>) -> bool {
     is_quiesced(annotations) && annotations.contains_key(QUIESCED_BY_ANNOTATION)
 }
 
+/// Whether restatus holds the object for a person: it restored its status (`restored-from`) and
+/// kept its `ignore` (the object waits for a partner, or its status cannot be trusted, e.g. a
+/// Server bound after the snapshot). Only a restore, a person or an explicit flag ends a hold.
+pub fn held_by_restatus(annotations: &BTreeMap<String, String>) -> bool {
+    quiesced_by_restatus(annotations) && annotations.contains_key(RESTORED_FROM_ANNOTATION)
+}
+
 /// The merge-patch annotations with which restatus quiesces an object that `annotations`
 /// describe: metal-operator's `ignore`, marked as restatus's so that it is never mistaken for
 /// a user's, and any other operation value the object carried, kept for the release (or none:

@@ -85,6 +85,12 @@ impl LiveObject {
         annotations::quiesced_by_restatus(&self.annotations)
     }
 
+    /// restatus restored the object and holds it for a person (see
+    /// [`annotations::held_by_restatus`]).
+    pub fn held_by_restatus(&self) -> bool {
+        annotations::held_by_restatus(&self.annotations)
+    }
+
     /// metal-operator leaves this object alone, whoever asked for it.
     pub fn ignored(&self) -> bool {
         annotations::is_quiesced(&self.annotations)

@@ -380,17 +380,25 @@ fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, record: Reco
 
 /// A live object that no record matched.
 fn unmatched_item(kind: &KindProfile, l: usize, object: &LiveObject) -> PlanItem {
+    let mut reason: String =
+        if object.keys.is_empty() { "object has no identity key" } else { "no record has its keys" }.into();
+    // Nothing to restore: metal-operator may take over, unless restatus holds the object for a
+    // person. A snapshot without its record (a newer one, taken without it) ends no hold.
+    let held = object.held_by_restatus();
+    if held {
+        reason += "; restatus keeps holding it (restored, kept ignored for a person): remove restatus's ignore \
+                   once its status is right";
+    }
     PlanItem {
         kind: kind.kind.clone(),
         verdict: Verdict::NotInSnapshot,
         key: object.keys.first().map(ToString::to_string),
         target: Some(object.object_ref()),
         source: None,
-        reason: if object.keys.is_empty() { "object has no identity key" } else { "no record has its keys" }.into(),
+        reason,
         forced: false,
         changes: vec![],
-        // Nothing to restore: metal-operator may take over.
-        release: object.quiesced_by_restatus(),
+        release: object.quiesced_by_restatus() && !held,
         record: None,
         live: Some(l),
     }
@@ -818,6 +826,30 @@ mod tests {
         let p = run(&[record("Server", "s1", &[k], reserved())], &[users], false);
         assert!(!p.items[0].release);
         assert_eq!(p.writes(), 0);
+    }
+
+    /// Issue 21, item 2: a newer snapshot without an object's record ends no hold. A Server
+    /// restatus restored and holds for a person (bound after the snapshot) stays held; one it
+    /// quiesced and never restored is released as before.
+    #[test]
+    fn a_snapshot_without_the_record_of_a_held_object_does_not_release_it() {
+        let k = key("spec.systemUUID", "u1");
+        let mut held = live("Server", "s1", std::slice::from_ref(&k), Some(json!({"state": "Available"})));
+        held.annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+        held.annotations.insert(QUIESCED_BY_ANNOTATION.into(), "restatus".into());
+        held.annotations.insert(crate::domain::annotations::RESTORED_FROM_ANNOTATION.into(), "older".into());
+        let other = record("Server", "s2", &[key("spec.systemUUID", "u2")], reserved());
+        let p = run(std::slice::from_ref(&other), std::slice::from_ref(&held), false);
+        let item = p.items.iter().find(|i| i.verdict == Verdict::NotInSnapshot).unwrap();
+        assert!(!item.release, "a held object is not handed to metal-operator bare");
+        assert!(item.reason.contains("keeps holding it"), "{}", item.reason);
+        assert_eq!(p.writes(), 0);
+
+        let mut quiesced = held.clone();
+        quiesced.annotations.remove(crate::domain::annotations::RESTORED_FROM_ANNOTATION);
+        let p = run(&[other], &[quiesced], false);
+        let item = p.items.iter().find(|i| i.verdict == Verdict::NotInSnapshot).unwrap();
+        assert!(item.release, "quiesced, never restored, nothing to restore: released");
     }
 
     #[test]
