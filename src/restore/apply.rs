@@ -312,6 +312,10 @@ impl<'a> WriteSequence<'a> {
             }
             answer
         };
+        // The release that follows is conditional on the version the status write made.
+        if let Some(version) = answer.as_ref().ok().and_then(|a| RawObject::parse(a).ok()?.meta.resource_version) {
+            self.current.resource_version = version.to_string();
+        }
         Ok(answer)
     }
 
