@@ -15,7 +15,7 @@ use crate::domain::identity::KindProfile;
 
 pub use client::{USER_AGENT, client, cluster_uid, connect};
 pub use list::{DEFAULT_PAGE_SIZE, LIST_RESTARTS, Page, PageRequest, Pager, list_objects};
-pub use writer::{FIELD_MANAGER, Writer, annotate};
+pub use writer::{Annotated, FIELD_MANAGER, Writer, annotate, get_object};
 
 /// A dynamic API handle for `kind`: in `namespace` for a namespaced kind, else cluster-wide.
 pub fn api_for(client: &kube::Client, kind: &KindProfile, namespace: Option<&str>) -> Api<DynamicObject> {

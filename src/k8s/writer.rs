@@ -152,34 +152,62 @@ impl Writer {
         namespace: Option<&str>,
         name: &str,
     ) -> std::result::Result<String, kube::Error> {
-        let request = kube::core::Request::new(kind.list_path_in(namespace))
-            .get(name, &GetParams::default())
-            .map_err(kube::Error::BuildRequest)?;
-        self.client.request_text(request).await
+        get_object(&self.client, kind, namespace, name).await
     }
 }
 
+/// Reads an object of `kind` by name, raw.
+pub async fn get_object(
+    client: &kube::Client,
+    kind: &KindProfile,
+    namespace: Option<&str>,
+    name: &str,
+) -> std::result::Result<String, kube::Error> {
+    let request = kube::core::Request::new(kind.list_path_in(namespace))
+        .get(name, &GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    client.request_text(request).await
+}
+
+/// What became of an annotation patch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Annotated {
+    Done,
+    /// The object is gone.
+    Gone,
+    /// The object is no longer the version the patch was conditional on.
+    Conflict,
+}
+
 /// A JSON merge patch of the annotations of `kind` `name`, as restatus: each key set to its
-/// value, or removed where the value is null. `Ok(false)` when the object is gone.
+/// value, or removed where the value is null; conditional on `version` (uid and
+/// resourceVersion) when given.
 pub async fn annotate(
     client: &kube::Client,
     kind: &KindProfile,
     namespace: Option<&str>,
     name: &str,
+    version: Option<(&str, &str)>,
     annotations: &impl Serialize,
-) -> Result<bool> {
+) -> Result<Annotated> {
     let context = || match namespace {
         Some(ns) => format!("annotate {} {ns}/{name}", kind.kind),
         None => format!("annotate {} {name}", kind.kind),
     };
-    let body = serde_json::json!({"metadata": {"annotations": annotations}});
+    let body = match version {
+        Some((uid, resource_version)) => serde_json::json!({"metadata": {
+            "uid": uid, "resourceVersion": resource_version, "annotations": annotations,
+        }}),
+        None => serde_json::json!({"metadata": {"annotations": annotations}}),
+    };
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
     let request = kube::core::Request::new(kind.list_path_in(namespace))
         .patch(name, &params, &Patch::Merge(&body))
         .map_err(|e| Error::kube(context(), kube::Error::BuildRequest(e)))?;
     match client.request_text(request).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+        Ok(_) => Ok(Annotated::Done),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Annotated::Gone),
+        Err(kube::Error::Api(s)) if s.is_conflict() && version.is_some() => Ok(Annotated::Conflict),
         Err(e) => Err(Error::kube(context(), e)),
     }
 }

@@ -28,11 +28,13 @@ use tracing::{info, warn};
 
 use crate::backup::{self, BackupOptions};
 use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, FINAL_SNAPSHOT_ANNOTATION, QUIESCED_BY_ANNOTATION};
+use crate::domain::identity::KindProfile;
+use crate::domain::object::RawObject;
 use crate::format::Manifest;
-use crate::k8s::{annotate, events, list_objects};
+use crate::k8s::{Annotated, annotate, events, get_object, list_objects};
 use crate::moving::cluster::{self, ClusterView};
 use crate::store::SnapshotStore;
-use crate::{Result, TOOL_NAME};
+use crate::{Error, Result, TOOL_NAME};
 
 /// The handshake's memory between two steps. It is also written on the paused Clusters (their
 /// final-snapshot annotation) before anything is quiesced, so a new leader picks it up.
@@ -187,7 +189,7 @@ impl Handshake {
 
     async fn annotate_cluster(&self, c: &ClusterView, annotations: Value) -> Result<()> {
         // A Cluster deleted meanwhile is gone from the next step's view: nothing to annotate.
-        annotate(&self.client, &cluster::cluster_kind(), Some(&c.namespace), &c.name, &annotations).await?;
+        annotate(&self.client, &cluster::cluster_kind(), Some(&c.namespace), &c.name, None, &annotations).await?;
         Ok(())
     }
 
@@ -203,24 +205,26 @@ impl Handshake {
             .await
     }
 
-    /// Patches the annotations of every profile object for which `changes` has any.
+    /// Patches the annotations of every profile object for which `changes` has any, each on
+    /// the version it was listed at: when the object changed in between (metal-operator
+    /// consumed a power reset, a person parked it), it is read again and `changes` decided
+    /// again on what it carries now, so an operation already done is never kept for a replay.
     async fn for_each_object(
         &self,
         changes: impl Fn(&BTreeMap<String, String>) -> Option<Map<String, Value>>,
     ) -> Result<usize> {
         let mut count = 0;
         for kind in self.backup.profile.kinds.iter().filter(|k| !k.is_denied()) {
-            let mut targets: Vec<(Option<String>, String, Map<String, Value>)> = Vec::new();
+            let mut targets: Vec<Target> = Vec::new();
             list_objects(&self.client, kind, &self.backup.page(), |object| {
                 if let Some(changes) = changes(&object.meta.annotations.clone().unwrap_or_default()) {
-                    let namespace = object.meta.namespace.as_ref().map(|n| n.to_string());
-                    targets.push((namespace, object.meta.name.to_string(), changes));
+                    targets.push(Target::of(object, changes));
                 }
                 Ok(())
             })
             .await?;
-            for (namespace, name, changes) in targets {
-                if annotate(&self.client, kind, namespace.as_deref(), &name, &changes).await? {
+            for target in targets {
+                if self.annotate_object(kind, target, &changes).await? {
                     count += 1;
                 }
             }
@@ -228,11 +232,70 @@ impl Handshake {
         Ok(count)
     }
 
+    /// One object of [`Handshake::for_each_object`]: true when it was annotated.
+    async fn annotate_object(
+        &self,
+        kind: &KindProfile,
+        mut target: Target,
+        changes: &impl Fn(&BTreeMap<String, String>) -> Option<Map<String, Value>>,
+    ) -> Result<bool> {
+        let namespace = target.namespace.clone();
+        for _ in 0..CONFLICT_RETRIES {
+            let listed = !target.uid.is_empty() && !target.resource_version.is_empty();
+            let version = listed.then_some((target.uid.as_str(), target.resource_version.as_str()));
+            match annotate(&self.client, kind, namespace.as_deref(), &target.name, version, &target.changes).await? {
+                Annotated::Done => return Ok(true),
+                Annotated::Gone => return Ok(false),
+                Annotated::Conflict => {}
+            }
+            let context = || format!("re-read {} {}", kind.kind, target.name);
+            let fresh = match get_object(&self.client, kind, namespace.as_deref(), &target.name).await {
+                Ok(fresh) => fresh,
+                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(false),
+                Err(e) => return Err(Error::kube(context(), e)),
+            };
+            let object = RawObject::parse(&fresh).map_err(|e| Error::InvalidObject {
+                kind: kind.qualified_kind(),
+                name: target.name.clone(),
+                reason: e.to_string(),
+            })?;
+            match changes(&object.meta.annotations.clone().unwrap_or_default()) {
+                Some(now) => target = Target::of(&object, now),
+                None => return Ok(false),
+            }
+        }
+        Err(Error::KeptChanging { kind: kind.qualified_kind(), name: target.name, attempts: CONFLICT_RETRIES })
+    }
+
     async fn event(&self, c: &ClusterView, type_: EventType, reason: &str, note: String) {
         let reference = events::reference(&cluster::cluster_kind(), Some(&c.namespace), &c.name, &c.uid);
         let event =
             Event { type_, reason: reason.into(), note: Some(note), action: "MoveHandshake".into(), secondary: None };
         events::publish(&self.recorder, &event, &reference).await;
+    }
+}
+
+/// Conditional annotation patches retried at most, per object.
+const CONFLICT_RETRIES: usize = 5;
+
+/// An object to annotate, at the version its `changes` were decided on.
+struct Target {
+    namespace: Option<String>,
+    name: String,
+    uid: String,
+    resource_version: String,
+    changes: Map<String, Value>,
+}
+
+impl Target {
+    fn of(object: &RawObject<'_>, changes: Map<String, Value>) -> Self {
+        Target {
+            namespace: object.meta.namespace.as_ref().map(|n| n.to_string()),
+            name: object.meta.name.to_string(),
+            uid: object.meta.uid.as_deref().unwrap_or_default().to_string(),
+            resource_version: object.meta.resource_version.as_deref().unwrap_or_default().to_string(),
+            changes,
+        }
     }
 }
 
@@ -337,5 +400,49 @@ mod tests {
         let note = blocked_note(&manifest);
         assert!(note.contains("inconsistent (1 reasons, first: ServerClaim n/c: binding)"), "{note}");
         assert!(note.contains("kubectl annotate cluster <name> clusterctl.cluster.x-k8s.io/block-move-"), "{note}");
+    }
+
+    /// Issue 21, item 5 (F57): metal-operator consumes a power reset between the handshake's
+    /// listing and its quiesce. The quiesce is conditional on the listed version: it conflicts,
+    /// the Server is read again, and the ignore is set without keeping the reset in
+    /// `operation-was` (the target's release would have replayed it: a second reset).
+    #[tokio::test]
+    async fn a_reset_consumed_between_the_listing_and_the_quiesce_is_not_kept_for_a_replay() {
+        use crate::fixtures::api::{self, answer, conflict};
+        use http::{Method, StatusCode};
+        use serde_json::json;
+        let server = |rv: &str, annotations: Value| {
+            json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+                   "metadata": {"name": "s1", "uid": "uid-s1", "resourceVersion": rv, "annotations": annotations},
+                   "spec": {"systemUUID": "u1"}})
+        };
+        let (client, mut api) = api::client();
+        let script = tokio::spawn(async move {
+            let listed = server("1", json!({annotations::OPERATION_ANNOTATION: "ForceReset"}));
+            let page = json!({"kind": "ServerList", "metadata": {"continue": ""}, "items": [listed]});
+            let (method, _, _) = answer(&mut api, StatusCode::OK, page.to_string()).await;
+            assert_eq!(method, Method::GET, "the listing");
+            let (method, _, body) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!(method, Method::PATCH);
+            assert_eq!(body["metadata"]["resourceVersion"], "1", "conditional on the listed version");
+            assert_eq!(body["metadata"]["annotations"][annotations::OPERATION_WAS_ANNOTATION], "ForceReset");
+            // Meanwhile metal-operator reset the machine and removed the annotation.
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("2", json!({})).to_string()).await;
+            assert_eq!((method, path.as_str()), (Method::GET, "/apis/metal.ironcore.dev/v1alpha1/servers/s1"));
+            let (method, _, body) = answer(&mut api, StatusCode::OK, server("3", json!({})).to_string()).await;
+            assert_eq!(method, Method::PATCH);
+            assert_eq!(
+                body,
+                json!({"metadata": {"uid": "uid-s1", "resourceVersion": "2", "annotations": {
+                    annotations::OPERATION_ANNOTATION: "ignore", QUIESCED_BY_ANNOTATION: "restatus"}}}),
+                "quiesced as it is now: nothing kept to replay"
+            );
+        });
+        let metal = crate::domain::identity::Profile::metal_operator();
+        let profile = crate::domain::identity::Profile { kinds: vec![metal.kind("Server").unwrap().clone()], ..metal };
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let handshake = Handshake::new(client, store, BackupOptions::new(profile), Duration::from_secs(1), None);
+        assert_eq!(handshake.quiesce().await.unwrap(), 1);
+        script.await.unwrap();
     }
 }
