@@ -143,10 +143,10 @@ impl LiveIndex {
         self.objects.get(uid).map(|e| self.kinds.get(e.kind))
     }
 
-    /// BMCs and Servers that still carry restatus's `ignore`: restored, maybe waiting for
-    /// their Servers or claim.
+    /// BMCs, Servers and ServerClaims that still carry restatus's `ignore`: restored, maybe
+    /// waiting for their Servers or claim.
     pub fn held(&self) -> impl Iterator<Item = &Uid> {
-        let waits = |e: &Entry| matches!(self.kinds.get(e.kind), "BMC" | "Server") && quiesced(e);
+        let waits = |e: &Entry| matches!(self.kinds.get(e.kind), "BMC" | "Server" | "ServerClaim") && quiesced(e);
         self.objects.iter().filter(move |(_, e)| waits(e)).map(|(uid, _)| uid)
     }
 

@@ -30,7 +30,7 @@ use crate::domain::annotations::{self, RESTORED_FROM_ANNOTATION};
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
-use crate::domain::pairing::{METAL_GROUP, ServerView, SystemServers, View, servers_of_bmc};
+use crate::domain::pairing::{ClaimView, METAL_GROUP, ServerView, SystemServers, View, servers_of_bmc};
 use crate::domain::status;
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
 use crate::k8s::Writer;
@@ -442,6 +442,8 @@ impl<'a> WriteSequence<'a> {
     /// metal-operator's handling of a missing partner; the object waits for:
     /// - a Server, for its ServerClaim (`spec.serverClaimRef`): without it, metal-operator
     ///   powers the Server off, drops its boot configuration and frees it for other claims;
+    /// - a ServerClaim, for its Server (`spec.serverRef`): a Bound claim released before its
+    ///   Server exists is one metal-operator would try to bind again;
     /// - a BMC, for its Servers: metal-operator creates each system's Server itself (named
     ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
     ///   and does not copy the source's. The snapshot tells which Servers the BMC had.
@@ -461,8 +463,8 @@ impl<'a> WriteSequence<'a> {
         let partner = |kind: &str| profile.kind(kind).filter(|k| k.group == METAL_GROUP);
         let wanted: Vec<(&KindProfile, Option<String>, String)> =
             match (self.kind.kind.as_str(), partner("ServerClaim"), partner("Server")) {
-                ("Server", Some(claims), _) => match self.server_view(written).await? {
-                    Some(ServerView { state, claim: Some((namespace, name)), .. }) => {
+                ("Server", Some(claims), _) => match self.view(written).await? {
+                    Some(View::Server(ServerView { state, claim: Some((namespace, name)), .. })) => {
                         if snapshots_status && state == "Available" {
                             return Ok(Some(format!(
                                 "bound after the snapshot: Available, yet spec.serverClaimRef names {namespace}/{name}"
@@ -470,6 +472,10 @@ impl<'a> WriteSequence<'a> {
                         }
                         vec![(claims, Some(namespace), name)]
                     }
+                    _ => vec![],
+                },
+                ("ServerClaim", _, Some(servers)) => match self.view(written).await? {
+                    Some(View::Claim(ClaimView { server: Some(server), .. })) => vec![(servers, None, server)],
                     _ => vec![],
                 },
                 ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.system_servers()?)
@@ -492,9 +498,9 @@ impl<'a> WriteSequence<'a> {
         Ok(None)
     }
 
-    /// The Server's pairing view (state, `spec.serverClaimRef`), from the status write's
-    /// answer or a fresh read.
-    async fn server_view(&self, written: Option<&str>) -> Result<Option<ServerView>> {
+    /// The object's pairing view (a Server's state and `spec.serverClaimRef`, a claim's
+    /// `spec.serverRef`), from the status write's answer or a fresh read.
+    async fn view(&self, written: Option<&str>) -> Result<Option<View>> {
         let json = match written {
             Some(json) => json.to_string(),
             None => self.applier.writer.get(self.kind, &self.current).await?,
@@ -503,10 +509,7 @@ impl<'a> WriteSequence<'a> {
             Some(_) => self.invalid(format!("answer to the status write: {e}")),
             None => self.invalid(e.to_string()),
         })?;
-        Ok(match View::of(self.kind, &object) {
-            Some(View::Server(view)) => Some(view),
-            _ => None,
-        })
+        Ok(View::of(self.kind, &object))
     }
 
     async fn event(&self, item: &PlanItem) {
@@ -597,7 +600,7 @@ mod tests {
         OPERATION_ANNOTATION, OPERATION_IGNORE, OPERATION_WAS_ANNOTATION, QUIESCED_BY_ANNOTATION,
     };
     use crate::fixtures::api::{self, Handle, answer, conflict, echo};
-    use crate::fixtures::{SNAPSHOT_TIME, live, manifest, record, ts, uuid};
+    use crate::fixtures::{SNAPSHOT_TIME, key, live, manifest, record, ts, uuid};
 
     const SERVER: &str = "/apis/metal.ironcore.dev/v1alpha1/servers/server-1";
     const CLAIM: &str = "/apis/metal.ironcore.dev/v1alpha1/namespaces/a/serverclaims/claim-1";
@@ -779,6 +782,68 @@ mod tests {
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 5, None));
+    }
+
+    /// Issue 21, item 4 (F58): a ServerClaim restored Bound before its Server arrived stays
+    /// quiesced ("waits for Server …"); the controller tries it again when a Server appears.
+    #[tokio::test]
+    async fn a_claim_restored_before_its_server_arrives_stays_quiesced() {
+        let claim = |rv: &str, annotations: Value, status: Value| {
+            json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+                   "metadata": {"name": "claim-1", "namespace": "a", "uid": "u-c", "resourceVersion": rv,
+                                "annotations": annotations},
+                   "spec": {"serverRef": {"name": "server-1"}}, "status": status})
+            .to_string()
+        };
+        let bound = json!({"phase": "Bound"});
+        let (client, handle) = api::client();
+        let script = tokio::spawn({
+            let bound = bound.clone();
+            async move {
+                let mut api = handle;
+                let (method, path, _) = answer(&mut api, StatusCode::OK, claim("2", quiesced(), json!({}))).await;
+                assert_eq!((method, path.as_str()), (Method::PATCH, CLAIM), "quiesce");
+                let (method, path, _) = answer(&mut api, StatusCode::OK, claim("3", quiesced(), bound)).await;
+                assert_eq!((method, path.as_str()), (Method::PUT, format!("{CLAIM}/status").as_str()));
+                let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
+                let (method, path, _) = answer(&mut api, StatusCode::NOT_FOUND, gone.to_string()).await;
+                assert_eq!((method, path.as_str()), (Method::GET, SERVER), "its Server is looked up");
+                let (method, _, body) = answer(&mut api, StatusCode::OK, claim("4", quiesced(), json!({}))).await;
+                assert_eq!(method, Method::PUT, "marked restored, not released");
+                let annotations = &body["metadata"]["annotations"];
+                assert_eq!(annotations[QUIESCED_BY_ANNOTATION], "restatus", "{annotations}");
+                assert_eq!(annotations[OPERATION_ANNOTATION], OPERATION_IGNORE, "{annotations}");
+                assert_eq!(echo(&mut api).await.0, Method::POST);
+            }
+        });
+        let writer = Writer::scripted(client, &["ServerClaim"]);
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("ServerClaim").unwrap();
+        let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
+        let mut recorded =
+            record("ServerClaim", "claim-1", &[key(crate::domain::identity::NAMESPACED_NAME, "a/claim-1")], bound);
+        recorded.namespace = Some("a".into());
+        let records = Records::from_records(vec![recorded]);
+        let mut object =
+            live("ServerClaim", "claim-1", &[key(crate::domain::identity::NAMESPACED_NAME, "a/claim-1")], None);
+        object.namespace = Some("a".into());
+        object.uid = "u-c".into();
+        let applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        let plan = plan::plan(&plan::PlanInput {
+            profile: &profile,
+            snapshot: &manifest.snapshot_id,
+            snapshot_time: Some(ts(SNAPSHOT_TIME)),
+            records: &records,
+            live: std::slice::from_ref(&object),
+            force: false,
+            explain: false,
+        })
+        .unwrap();
+        let outcome = applier.apply_item(kind, &plan.items[0], std::slice::from_ref(&object)).await;
+        drop(writer);
+        script.await.expect("the scripted API server saw what it expected");
+        assert_eq!((outcome.verdict, outcome.error), (Verdict::Restore, None));
+        assert_eq!(outcome.held.as_deref(), Some("waits for Server server-1"));
     }
 
     /// The metal-operator group's discovery, with or without `servers/status`.
