@@ -20,6 +20,10 @@ pub const QUIESCED_BY_ANNOTATION: &str = "restatus.ironcore.dev/quiesced-by";
 pub const OPERATION_WAS_ANNOTATION: &str = "restatus.ironcore.dev/operation-was";
 /// Names the snapshot an object's status was restored from.
 pub const RESTORED_FROM_ANNOTATION: &str = "restatus.ironcore.dev/restored-from";
+/// Names the snapshot whose status for the object the target did not take whole (its schema
+/// refused it, or pruned fields of it): the object was released, and is not written again
+/// from that snapshot.
+pub const NOT_RESTORED_ANNOTATION: &str = "restatus.ironcore.dev/not-restored-from";
 
 /// Whether metal-operator leaves an object with these annotations alone.
 pub fn is_quiesced(annotations: &BTreeMap<String, String>) -> bool {

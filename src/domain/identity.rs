@@ -139,6 +139,11 @@ impl KindProfile {
         initial.values.iter().any(|v| v == text)
     }
 
+    /// The same kind at another version of its group.
+    pub fn at_version(&self, version: &str) -> KindProfile {
+        KindProfile { version: version.into(), ..self.clone() }
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
     }

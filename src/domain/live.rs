@@ -85,6 +85,12 @@ impl LiveObject {
         annotations::quiesced_by_restatus(&self.annotations)
     }
 
+    /// The target refused this snapshot's status for the object before (see
+    /// [`annotations::NOT_RESTORED_ANNOTATION`]).
+    pub fn refused(&self, snapshot: &str) -> bool {
+        self.annotations.get(annotations::NOT_RESTORED_ANNOTATION).is_some_and(|s| s == snapshot)
+    }
+
     /// restatus restored the object and holds it for a person (see
     /// [`annotations::held_by_restatus`]).
     pub fn held_by_restatus(&self) -> bool {

@@ -255,9 +255,9 @@ impl SystemServers {
             return Ok(heads);
         }
         let mut heads = Vec::new();
-        for r in records.of_kind("Server") {
+        for r in records.of_kind(&format!("Server.{METAL_GROUP}")) {
             let head = records.head(r)?;
-            if head.api_version.starts_with(METAL_GROUP) && head.name.contains("-system-") {
+            if head.name.contains("-system-") {
                 heads.push(head);
             }
         }

@@ -58,10 +58,62 @@ pub fn status_patch(live: Option<&Value>, record: &Value) -> Value {
     patch
 }
 
+/// The fields of a written status that the stored one lacks (`status.a.b`, `status.list[2]`):
+/// what the served schema pruned. Nulls count as absent; values that differ (a default, a
+/// conversion) are not dropped fields. At most `limit` paths, in the written order.
+pub fn dropped_fields(written: &Value, stored: Option<&Value>, limit: usize) -> Vec<String> {
+    fn walk(path: &mut String, written: &Value, stored: Option<&Value>, out: &mut Vec<String>, limit: usize) {
+        if out.len() >= limit || written.is_null() {
+            return;
+        }
+        let Some(stored) = stored.filter(|s| !s.is_null()) else {
+            out.push(path.clone());
+            return;
+        };
+        let len = path.len();
+        match (written, stored) {
+            (Value::Object(w), Value::Object(s)) => {
+                for (key, value) in w {
+                    path.push('.');
+                    path.push_str(key);
+                    walk(path, value, s.get(key), out, limit);
+                    path.truncate(len);
+                }
+            }
+            (Value::Array(w), Value::Array(s)) => {
+                for (i, value) in w.iter().enumerate() {
+                    path.push_str(&format!("[{i}]"));
+                    walk(path, value, s.get(i), out, limit);
+                    path.truncate(len);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(&mut "status".to_string(), written, stored, &mut out, limit);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn dropped_fields_are_what_the_stored_status_lacks_of_the_written_one() {
+        let written = json!({"state": "Available", "powerState": "On", "nics": [{"mac": "aa", "lldp": {"port": 1}},
+                             {"mac": "bb"}], "gone": {"deep": true}, "nothing": null});
+        let stored = json!({"state": "Available", "powerState": "Off", "nics": [{"mac": "aa"}], "extra": 1});
+        assert_eq!(
+            dropped_fields(&written, Some(&stored), 10),
+            ["status.gone", "status.nics[0].lldp", "status.nics[1]"],
+            "keys in serde_json's order (sorted); a value that differs is not dropped; nulls are not fields"
+        );
+        assert_eq!(dropped_fields(&written, Some(&written), 10), Vec::<String>::new());
+        assert_eq!(dropped_fields(&written, None, 10), ["status"]);
+        assert_eq!(dropped_fields(&written, Some(&json!({})), 2).len(), 2, "at most the limit");
+    }
 
     #[test]
     fn status_patch_removes_fields_the_record_lacks() {

@@ -20,7 +20,7 @@ pub use manifest::{
 };
 pub use names::Names;
 pub use payload::{FRAME_BYTES, PayloadEncoder, decode_records};
-pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, RecordHead, is_carried};
+pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, RecordHead, is_carried, qualified_kind, split_api_version};
 pub use records::Records;
 pub use spill::{Payload, SpillWriter, verify_payload};
 

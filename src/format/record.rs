@@ -109,6 +109,35 @@ impl<S> Record<S> {
     pub fn primary_key(&self) -> Option<&IdentityKey> {
         self.keys.first()
     }
+
+    /// The API group the record was captured in (empty for the core group).
+    pub fn group(&self) -> &str {
+        split_api_version(&self.api_version).0
+    }
+
+    /// The API version the record was captured in (its status is of that version's schema).
+    pub fn version(&self) -> &str {
+        split_api_version(&self.api_version).1
+    }
+
+    /// `Kind.group` (`Server.metal.ironcore.dev`), or `Kind` for the core group: what a
+    /// record is matched to a kind of the profile by, never the kind's name alone.
+    pub fn qualified_kind(&self) -> String {
+        qualified_kind(&self.kind, &self.api_version)
+    }
+}
+
+/// `group/version` (or `version` for the core group) as (group, version).
+pub fn split_api_version(api_version: &str) -> (&str, &str) {
+    api_version.rsplit_once('/').unwrap_or(("", api_version))
+}
+
+/// `Kind.group`, or `Kind` for the core group.
+pub fn qualified_kind(kind: &str, api_version: &str) -> String {
+    match split_api_version(api_version).0 {
+        "" => kind.to_string(),
+        group => format!("{kind}.{group}"),
+    }
 }
 
 /// Whether restatus carries a label or annotation of this key into a record.

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 
 use super::payload::{check_count, decompress, frame_lines, walk_frames};
 use super::spill::Payload;
-use super::{FRAME_BYTES, IdentityKey, KeyDigest, Manifest, Names, Record, RecordHead};
+use super::{FRAME_BYTES, IdentityKey, KeyDigest, Manifest, Names, Record, RecordHead, qualified_kind};
 use crate::Error;
 
 /// Frames larger than this keep their records in memory when decoded.
@@ -84,7 +84,7 @@ impl Records {
     pub fn from_records(records: Vec<Record>) -> Self {
         let mut out = Records::empty("(records in memory)".into(), Payload::Memory(Default::default()), records.len());
         for record in records {
-            let (kind, keys_end) = out.index(&record.kind, &record.keys);
+            let (kind, keys_end) = out.index(&record.kind, &record.api_version, &record.keys);
             out.slots.push(Slot { at: At::Held(Box::new(record)), kind, keys_end });
         }
         out
@@ -117,20 +117,21 @@ impl Records {
             let line = &data[line];
             if hold {
                 let record: Record = serde_json::from_slice(line).map_err(invalid)?;
-                let (kind, keys_end) = self.index(&record.kind, &record.keys);
+                let (kind, keys_end) = self.index(&record.kind, &record.api_version, &record.keys);
                 self.slots.push(Slot { at: At::Held(Box::new(record)), kind, keys_end });
             } else {
                 let record: Record<&RawValue> = serde_json::from_slice(line).map_err(invalid)?;
-                let (kind, keys_end) = self.index(&record.kind, &record.keys);
+                let (kind, keys_end) = self.index(&record.kind, &record.api_version, &record.keys);
                 self.slots.push(Slot { at, kind, keys_end });
             }
         }
         Ok(())
     }
 
-    /// Indexes the next record's kind and keys: its kind's index, and the end of its digests.
-    fn index(&mut self, kind: &str, keys: &[IdentityKey]) -> (u32, u32) {
-        let kind_index = self.kinds.intern(kind);
+    /// Indexes the next record's kind and keys: its group-qualified kind's index, and the end
+    /// of its digests (digests are of the kind's name: a prefilter, the keys decide).
+    fn index(&mut self, kind: &str, api_version: &str, keys: &[IdentityKey]) -> (u32, u32) {
+        let kind_index = self.kinds.intern(&qualified_kind(kind, api_version));
         self.digests.extend(keys.iter().map(|k| k.digest(kind)));
         (kind_index, self.digests.len() as u32)
     }
@@ -143,14 +144,16 @@ impl Records {
         self.slots.is_empty()
     }
 
-    /// Record `i`'s kind.
+    /// Record `i`'s group-qualified kind (`Server.metal.ironcore.dev`).
     pub fn kind(&self, i: usize) -> Option<&str> {
         self.slots.get(i).map(|s| self.kinds.get(s.kind))
     }
 
-    /// The records of `kind`, in payload order.
-    pub fn of_kind<'a>(&'a self, kind: &str) -> impl Iterator<Item = usize> + 'a {
-        let wanted = self.kinds.find(kind);
+    /// The records of a group-qualified kind (`Server.metal.ironcore.dev`, see
+    /// [`KindProfile::qualified_kind`](crate::domain::identity::KindProfile::qualified_kind)),
+    /// in payload order: a kind of the same name in another group is another kind.
+    pub fn of_kind<'a>(&'a self, qualified_kind: &str) -> impl Iterator<Item = usize> + 'a {
+        let wanted = self.kinds.find(qualified_kind);
         (0..self.slots.len()).filter(move |&i| Some(self.slots[i].kind) == wanted)
     }
 
@@ -294,8 +297,9 @@ mod tests {
             assert_eq!(decoded.status(i).unwrap().get(), records[i].status.get(), "record {i}");
         }
         assert!(decoded.slots.iter().all(|s| matches!(s.at, At::Frame { .. })), "nothing held in memory");
-        assert_eq!(decoded.of_kind("Server").count(), 2000);
-        assert_eq!(decoded.of_kind("BMC").count(), 0);
+        assert_eq!(decoded.of_kind("Server.metal.ironcore.dev").count(), 2000);
+        assert_eq!(decoded.of_kind("BMC.metal.ironcore.dev").count(), 0);
+        assert_eq!(decoded.of_kind("Server").count(), 0, "a kind's name alone names no kind of a group");
     }
 
     #[test]
@@ -338,6 +342,21 @@ mod tests {
         writer.finish().unwrap()
     }
 
+    /// Records of a kind of the same name in another group (or the core group) are another
+    /// kind's: a `Server` of `example.com` never matches metal-operator's.
+    #[test]
+    fn kinds_of_the_same_name_in_other_groups_are_other_kinds() {
+        let mut other = record("Server", "other", &[uuid("u-1")], json!({"state": "Up"}));
+        other.api_version = "example.com/v1".into();
+        let mut core = record("Server", "core", &[uuid("u-1")], json!({}));
+        core.api_version = "v1".into();
+        let metal = record("Server", "metal", &[uuid("u-1")], json!({"state": "Available"}));
+        let records = Records::from_records(vec![other, core, metal]);
+        assert_eq!(records.of_kind("Server.metal.ironcore.dev").collect::<Vec<_>>(), [2]);
+        assert_eq!(records.of_kind("Server.example.com").collect::<Vec<_>>(), [0]);
+        assert_eq!(records.of_kind("Server").collect::<Vec<_>>(), [1]);
+    }
+
     /// A well-formed payload of 70,000 kinds (a crafted one: restatus writes a few): every
     /// record keeps its own kind (an index of 16 bits wrapped at 65,536 and gave record 65,536
     /// the first record's kind).
@@ -349,10 +368,10 @@ mod tests {
         let decoded = Records::decode(&manifest, payload).unwrap();
         assert_eq!(
             (decoded.kind(0), decoded.kind(65_536), decoded.kind(69_999)),
-            (Some("K0"), Some("K65536"), Some("K69999"))
+            (Some("K0.metal.ironcore.dev"), Some("K65536.metal.ironcore.dev"), Some("K69999.metal.ironcore.dev"))
         );
-        assert_eq!(decoded.of_kind("K0").collect::<Vec<_>>(), [0]);
-        assert_eq!(decoded.of_kind("K65536").collect::<Vec<_>>(), [65_536]);
+        assert_eq!(decoded.of_kind("K0.metal.ironcore.dev").collect::<Vec<_>>(), [0]);
+        assert_eq!(decoded.of_kind("K65536.metal.ironcore.dev").collect::<Vec<_>>(), [65_536]);
     }
 
     #[test]

@@ -24,15 +24,27 @@ pub const FIELD_MANAGER: &str = TOOL_NAME;
 pub struct Writer {
     client: kube::Client,
     reporter: Reporter,
-    /// Per kind (by qualified kind) whose group/version discovery answered: whether it has a
-    /// status subresource. A kind not here is asked about on its next write.
+    /// Per kind and version (see [`served_key`]) whose group/version discovery answered:
+    /// whether it has a status subresource. A kind not here is asked about on its next write.
     discovered: std::sync::RwLock<HashMap<String, bool>>,
+    /// Per kind and version that discovery was asked about: whether the API server serves it.
+    served: std::sync::RwLock<HashMap<String, bool>>,
+}
+
+/// A kind at one version: `Kind.group/version`.
+fn served_key(kind: &KindProfile) -> String {
+    format!("{}/{}", kind.qualified_kind(), kind.version)
 }
 
 impl Writer {
     /// Asks the API server (discovery) which kinds of the profile have a status subresource.
     pub async fn new(client: &kube::Client, profile: &Profile) -> Result<Self> {
-        let writer = Writer { client: client.clone(), reporter: events::reporter(), discovered: Default::default() };
+        let writer = Writer {
+            client: client.clone(),
+            reporter: events::reporter(),
+            discovered: Default::default(),
+            served: Default::default(),
+        };
         // Denied kinds are never written: their groups are not asked (a profile may spell the
         // core group `core`, which no API server serves under /apis).
         let kinds: Vec<&KindProfile> = profile.kinds.iter().filter(|k| !k.is_denied()).collect();
@@ -57,18 +69,25 @@ impl Writer {
         let request = http::Request::get(&path)
             .body(vec![])
             .map_err(|e| Error::kube(format!("discover {path}"), kube::Error::HttpError(e)))?;
-        let served: APIResourceList = match self.client.request(request).await {
+        let kinds = kinds.filter(|k| k.group == group && k.version == version);
+        let resources: APIResourceList = match self.client.request(request).await {
             Ok(list) => list,
             // Not served: nothing of it can be written; planning says so per object.
             // (A 404 of a group the server does not know comes with a plain-text body.)
-            Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 404 => return Ok(()),
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 404 => {
+                let mut served = self.served.write().unwrap_or_else(|e| e.into_inner());
+                served.extend(kinds.map(|k| (served_key(k), false)));
+                return Ok(());
+            }
             Err(e) => return Err(Error::kube(format!("discover {path}"), e)),
         };
-        let names: HashSet<&str> = served.resources.iter().map(|r| r.name.as_str()).collect();
+        let names: HashSet<&str> = resources.resources.iter().map(|r| r.name.as_str()).collect();
         let mut discovered = self.discovered.write().unwrap_or_else(|e| e.into_inner());
-        for kind in kinds.filter(|k| k.group == group && k.version == version) {
+        let mut served = self.served.write().unwrap_or_else(|e| e.into_inner());
+        for kind in kinds {
             let status = names.contains(format!("{}/status", kind.plural).as_str());
-            discovered.insert(kind.qualified_kind(), status);
+            discovered.insert(served_key(kind), status);
+            served.insert(served_key(kind), names.contains(kind.plural.as_str()));
         }
         Ok(())
     }
@@ -85,13 +104,27 @@ impl Writer {
 
     /// What discovery last said of `kind`'s status subresource, if it was asked.
     pub fn known_status_subresource(&self, kind: &KindProfile) -> Option<bool> {
-        self.discovered.read().unwrap_or_else(|e| e.into_inner()).get(&kind.qualified_kind()).copied()
+        self.discovered.read().unwrap_or_else(|e| e.into_inner()).get(&served_key(kind)).copied()
     }
 
-    /// Forgets what discovery said of `kind`: a status write that did not stick means the
-    /// kind changed (a CRD upgrade added the subresource); its next write asks again.
+    /// Whether the API server serves `kind` at its version (a record captured in another
+    /// version than the profile's is written in its own, when the target still serves it).
+    pub async fn serves(&self, kind: &KindProfile) -> Result<bool> {
+        let known = |w: &Self| w.served.read().unwrap_or_else(|e| e.into_inner()).get(&served_key(kind)).copied();
+        if let Some(known) = known(self) {
+            return Ok(known);
+        }
+        self.discover(&kind.group, &kind.version, std::iter::once(kind)).await?;
+        Ok(known(self).unwrap_or(false))
+    }
+
+    /// Forgets what discovery said of `kind`, at every version: a status write that did not
+    /// stick means the kind changed (a CRD upgrade added the subresource or a version); its
+    /// next write asks again.
     pub fn forget(&self, kind: &KindProfile) {
-        self.discovered.write().unwrap_or_else(|e| e.into_inner()).remove(&kind.qualified_kind());
+        let prefix = format!("{}/", kind.qualified_kind());
+        self.discovered.write().unwrap_or_else(|e| e.into_inner()).retain(|k, _| !k.starts_with(&prefix));
+        self.served.write().unwrap_or_else(|e| e.into_inner()).retain(|k, _| !k.starts_with(&prefix));
     }
 
     /// A JSON merge patch of the object (or of its `subresource`), as restatus. The answer
@@ -219,12 +252,15 @@ impl Writer {
     /// kinds of the profile are known to have none.)
     pub(crate) fn scripted(client: kube::Client, status_subresource: &[&str]) -> Self {
         let reporter = Reporter { controller: TOOL_NAME.into(), instance: None };
-        let discovered = Profile::metal_operator()
-            .kinds
-            .iter()
-            .map(|k| (k.qualified_kind(), status_subresource.contains(&k.kind.as_str())))
-            .collect();
-        Writer { client, reporter, discovered: std::sync::RwLock::new(discovered) }
+        let kinds = Profile::metal_operator().kinds;
+        let discovered = kinds.iter().map(|k| (served_key(k), status_subresource.contains(&k.kind.as_str()))).collect();
+        let served = kinds.iter().map(|k| (served_key(k), true)).collect();
+        Writer {
+            client,
+            reporter,
+            discovered: std::sync::RwLock::new(discovered),
+            served: std::sync::RwLock::new(served),
+        }
     }
 }
 

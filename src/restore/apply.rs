@@ -26,7 +26,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use crate::domain::annotations::{self, RESTORED_FROM_ANNOTATION};
+use crate::domain::annotations::{self, NOT_RESTORED_ANNOTATION, RESTORED_FROM_ANNOTATION};
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
@@ -189,8 +189,18 @@ struct WriteSequence<'a> {
     reason: Option<String>,
     /// What the object waits for, when restatus keeps its `ignore`.
     held: Option<String>,
+    /// The kind at the record's version, when it is not the profile's: the status is written
+    /// in the version it was captured in, and the API server converts it.
+    status_kind: Option<KindProfile>,
+    /// The target refused the record's status (see [`Verdict::Incompatible`]).
+    refused: bool,
+    /// Fields of the record's status that the target's schema did not keep.
+    dropped: Vec<String>,
     writes: usize,
 }
+
+/// How many dropped fields an outcome names.
+const DROPPED_SHOWN: usize = 8;
 
 impl<'a> WriteSequence<'a> {
     fn new(applier: &'a Applier<'a>, kind: &'a KindProfile, object: &LiveObject) -> Self {
@@ -203,6 +213,9 @@ impl<'a> WriteSequence<'a> {
             verdict: None,
             reason: None,
             held: None,
+            status_kind: None,
+            refused: false,
+            dropped: vec![],
             writes: 0,
         }
     }
@@ -213,14 +226,28 @@ impl<'a> WriteSequence<'a> {
         let mut written = None;
         if item.verdict == Verdict::Restore {
             let record = record.ok_or_else(|| self.invalid("restore item without a record".into()))?;
-            written = self.retry_on_conflict(record).await?;
+            match self.version_for(record).await? {
+                Ok(status_kind) => {
+                    self.status_kind = status_kind;
+                    written = self.retry_on_conflict(record).await?;
+                }
+                Err(reason) => self.refuse(reason),
+            }
         }
         let restored = written.is_some();
+        if restored && !self.dropped.is_empty() {
+            let reason =
+                format!("restored without fields the target's schema does not keep: {}", self.dropped.join(", "));
+            warn!(object = %self.current.object_ref(), %reason, "status restored in part");
+            self.reason = Some(reason);
+        }
         // Whatever the outcome, an ignore that restatus set is removed: the object's status is
-        // settled (restored, equal, or moved on) and metal-operator may take over; but not
-        // while the object's pairing partner has yet to arrive.
+        // settled (restored, equal, moved on, or refused by the target) and metal-operator may
+        // take over; but not while the object's pairing partner has yet to arrive.
         let mut release = false;
-        if self.owns_ignore {
+        if self.owns_ignore && self.refused {
+            release = true;
+        } else if self.owns_ignore {
             let verdict = self.verdict.unwrap_or(item.verdict);
             let snapshots_status = matches!(verdict, Verdict::Restore | Verdict::AlreadyEqual);
             match self.hold(written.as_deref(), snapshots_status).await? {
@@ -235,10 +262,39 @@ impl<'a> WriteSequence<'a> {
             true => written,
             false => Some(self.annotate(written.as_deref(), restored, release).await?),
         };
-        if restored {
+        if restored || self.refused {
             self.event(item).await;
         }
         Ok(answer)
+    }
+
+    /// The kind at the version the record's status is written in: the profile's (`None`), or
+    /// the record's own when it was captured in another version the target serves. An error
+    /// (inner) when the target serves the kind in no version the status can be written in.
+    async fn version_for(&self, record: &Record) -> Result<std::result::Result<Option<KindProfile>, String>> {
+        let version = record.version();
+        if version == self.kind.version {
+            return Ok(Ok(None));
+        }
+        let at = self.kind.at_version(version);
+        if self.applier.writer.serves(&at).await? {
+            return Ok(Ok(Some(at)));
+        }
+        Ok(Err(format!(
+            "captured as {}, which the target does not serve (the profile writes {}): its status \
+             cannot be written without a conversion restatus does not know",
+            record.api_version,
+            self.kind.api_version()
+        )))
+    }
+
+    /// The target cannot take the record's status: nothing is written, the object is released
+    /// (when restatus quiesced it) and marked so that the same snapshot does not try again.
+    fn refuse(&mut self, reason: String) {
+        warn!(object = %self.current.object_ref(), %reason, "status not restored: the target refuses it");
+        self.verdict = Some(Verdict::Incompatible);
+        self.reason = Some(reason);
+        self.refused = true;
     }
 
     /// Quiesces (unless the object is ignored already) and writes the record's status. On a
@@ -247,7 +303,15 @@ impl<'a> WriteSequence<'a> {
     async fn retry_on_conflict(&mut self, record: &Record) -> Result<Option<String>> {
         for _ in 0..CONFLICT_RETRIES {
             let result = match self.current.ignored() {
-                true => self.write_status(record).await?.map(Some),
+                true => match self.write_status(record).await? {
+                    // The served schema refuses the record's status (a field it does not allow,
+                    // a value out of its enum): the same write would be refused again.
+                    Err(kube::Error::Api(s)) if s.code == 422 => {
+                        self.refuse(format!("the target's schema refuses the status: {}", s.message));
+                        return Ok(None);
+                    }
+                    other => other.map(Some),
+                },
                 false => self.quiesce().await.map(|()| None),
             };
             match result {
@@ -293,10 +357,11 @@ impl<'a> WriteSequence<'a> {
         let writer = self.applier.writer;
         let corrupt =
             |e| Error::corrupt(&self.applier.manifest.snapshot_id, format!("record {}: {e}", record.object_name()));
-        let answer = if writer.status_subresource(self.kind).await? {
-            let body = status_replacement(self.kind, &self.current, record).map_err(corrupt)?;
+        let status_kind = self.status_kind.as_ref().unwrap_or(self.kind);
+        let answer = if writer.status_subresource(status_kind).await? {
+            let body = status_replacement(status_kind, &self.current, record).map_err(corrupt)?;
             self.writes += 1;
-            writer.replace(self.kind, &self.current, Some("status"), body).await
+            writer.replace(status_kind, &self.current, Some("status"), body).await
         } else {
             if self.current.status.as_ref().is_some_and(|s| s.json().is_none()) {
                 // The patch must name the live fields the record lacks: read them.
@@ -306,12 +371,15 @@ impl<'a> WriteSequence<'a> {
             }
             let body = status_patch(&self.current, record).map_err(corrupt)?;
             self.writes += 1;
-            let answer = writer.merge_patch(self.kind, &self.current, None, &body).await;
+            let answer = writer.merge_patch(status_kind, &self.current, None, &body).await;
             if let Ok(stored) = &answer {
                 self.check_stored(stored, record)?;
             }
             answer
         };
+        if let Ok(stored) = &answer {
+            self.dropped = dropped_fields(stored, record);
+        }
         // The release that follows is conditional on the version the status write made.
         if let Some(version) = answer.as_ref().ok().and_then(|a| RawObject::parse(a).ok()?.meta.resource_version) {
             self.current.resource_version = version.to_string();
@@ -382,6 +450,9 @@ impl<'a> WriteSequence<'a> {
         if restored {
             changes.insert(RESTORED_FROM_ANNOTATION.into(), self.applier.manifest.snapshot_id.as_str().into());
         }
+        if (self.refused && self.owns_ignore) || (restored && !self.dropped.is_empty()) {
+            changes.insert(NOT_RESTORED_ANNOTATION.into(), self.applier.manifest.snapshot_id.as_str().into());
+        }
         if release {
             changes.extend(annotations::release_annotations(&self.current.annotations));
         }
@@ -398,11 +469,14 @@ impl<'a> WriteSequence<'a> {
         let writer = self.applier.writer;
         let context = |current: &LiveObject| format!("annotate {}", current.object_ref());
         let mut stale = false;
-        if let Some(written) = written.filter(|_| writer.known_status_subresource(self.kind) == Some(true)) {
+        // The answer is in the version the status was written in: replaced in that one.
+        let status_kind = self.status_kind.clone();
+        let status_kind = status_kind.as_ref().unwrap_or(self.kind);
+        if let Some(written) = written.filter(|_| writer.known_status_subresource(status_kind) == Some(true)) {
             let body = object::annotations_replaced(written, &self.marks(restored, release))
                 .map_err(|e| self.invalid(format!("answer to the status write: {e}")))?;
             self.writes += 1;
-            match writer.replace(self.kind, &self.current, None, body).await {
+            match writer.replace(status_kind, &self.current, None, body).await {
                 Ok(answer) => return Ok(answer),
                 Err(kube::Error::Api(s)) if s.is_conflict() => {
                     info!(object = %self.current.object_ref(), "object changed after its status was written; reading it again for the release");
@@ -512,26 +586,43 @@ impl<'a> WriteSequence<'a> {
         Ok(View::of(self.kind, &object))
     }
 
+    /// The Event of a restore: `StatusRestored`, `StatusPartlyRestored` (the schema dropped
+    /// fields) or `StatusNotRestored` (the target refused it).
     async fn event(&self, item: &PlanItem) {
+        let (type_, reason, what) = match (self.refused, self.dropped.is_empty()) {
+            (true, _) => (EventType::Warning, "StatusNotRestored", "status not restored from"),
+            (false, false) => (EventType::Warning, "StatusPartlyRestored", "status restored in part from"),
+            (false, true) => (EventType::Normal, "StatusRestored", "status restored from"),
+        };
         let note = format!(
-            "status restored from snapshot {} ({}){}",
+            "{what} snapshot {} ({}){}",
             self.applier.manifest.snapshot_id,
-            item.reason,
+            self.reason.as_deref().unwrap_or(&item.reason),
             item.source.as_ref().map(|s| format!("; captured from {s}")).unwrap_or_default()
         );
-        let event = Event {
-            type_: EventType::Normal,
-            reason: "StatusRestored".into(),
-            note: Some(note),
-            action: "RestoreStatus".into(),
-            secondary: None,
-        };
+        let event =
+            Event { type_, reason: reason.into(), note: Some(note), action: "RestoreStatus".into(), secondary: None };
         self.applier.writer.event(self.kind, &self.current, &event).await;
     }
 
     fn invalid(&self, reason: String) -> Error {
         Error::InvalidObject { kind: self.kind.qualified_kind(), name: self.current.name.clone(), reason }
     }
+}
+
+/// The fields of the record's status that the API server's answer (the object as stored)
+/// lacks: what the served schema pruned. An answer that cannot be read drops nothing here
+/// (the release reads it again).
+fn dropped_fields(stored: &str, record: &Record) -> Vec<String> {
+    let Ok(object) = RawObject::parse(stored) else { return vec![] };
+    // The common case, without parsing either: stored as written, byte for byte (both API
+    // servers write JSON the same way).
+    if object.status().is_some_and(|s| s.get() == record.status.get()) {
+        return vec![];
+    }
+    let Ok(written) = serde_json::from_str::<Value>(record.status.get()) else { return vec![] };
+    let stored: Option<Value> = object.status().and_then(|s| serde_json::from_str(s.get()).ok());
+    status::dropped_fields(&written, stored.as_ref(), DROPPED_SHOWN)
 }
 
 /// The status subresource's new content: exactly the record's status (its raw JSON, as
@@ -668,13 +759,22 @@ mod tests {
         F: FnOnce(Handle) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        restore_record(writer, record("Server", "server-1", &[uuid("uuid-1")], recorded), script).await
+    }
+
+    /// [`restore_one_by`] from `record`.
+    async fn restore_record<F, Fut>(writer: impl FnOnce(kube::Client) -> Writer, record: Record, script: F) -> Outcome
+    where
+        F: FnOnce(Handle) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let (client, handle) = api::client();
         let api_server = tokio::spawn(script(handle));
         let profile = Profile::metal_operator();
         let kind = profile.kind("Server").unwrap();
         let writer = writer(client);
         let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
-        let records = Records::from_records(vec![record("Server", "server-1", &[uuid("uuid-1")], recorded)]);
+        let records = Records::from_records(vec![record]);
         let live = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
         let applier = Applier::new(&writer, &profile, &manifest, &records, false);
         let item = PlanItem {
@@ -846,15 +946,134 @@ mod tests {
         assert_eq!(outcome.held.as_deref(), Some("waits for Server server-1"));
     }
 
+    /// [`Writer::scripted`], the usual one.
+    fn scripted(client: kube::Client) -> Writer {
+        Writer::scripted(client, &["Server"])
+    }
+
+    /// A record of `server-1` captured in `api_version`.
+    fn record_in(api_version: &str) -> Record {
+        Record { api_version: api_version.into(), ..record("Server", "server-1", &[uuid("uuid-1")], wanted()) }
+    }
+
+    fn not_found(what: &str) -> String {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+               "message": format!("{what} not found")})
+        .to_string()
+    }
+
+    /// F60: a record captured in a version the target does not serve (the CRD moved on to
+    /// another) is not written in the profile's version, where the schema would prune or refuse
+    /// it: the object gets `incompatible` and why, untouched (it was not quiesced), and an Event.
+    #[tokio::test]
+    async fn a_record_of_a_version_the_target_does_not_serve_is_incompatible_and_nothing_is_written() {
+        let outcome = restore_record(scripted, record_in("metal.ironcore.dev/v1beta9"), |mut api| async move {
+            let (method, path, _) = answer(&mut api, StatusCode::NOT_FOUND, not_found("v1beta9")).await;
+            assert_eq!((method, path.as_str()), (Method::GET, "/apis/metal.ironcore.dev/v1beta9"));
+            let (method, path, body) = answer(&mut api, StatusCode::OK, "{}".into()).await;
+            assert_eq!((method, path.as_str()), (Method::POST, EVENTS));
+            assert_eq!(body["reason"], "StatusNotRestored");
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Incompatible, 0, None));
+        let reason = outcome.reason.unwrap();
+        assert!(reason.contains("captured as metal.ironcore.dev/v1beta9"), "{reason}");
+    }
+
+    /// A record captured in another version the target still serves is written in that
+    /// version (the API server converts it), and released in it.
+    #[tokio::test]
+    async fn a_record_of_another_served_version_is_written_in_its_own_version() {
+        const V1BETA1: &str = "/apis/metal.ironcore.dev/v1beta1/servers/server-1";
+        let outcome = restore_record(scripted, record_in("metal.ironcore.dev/v1beta1"), |mut api| async move {
+            let (method, path, _) = answer(&mut api, StatusCode::OK, discovery_of("v1beta1", true)).await;
+            assert_eq!((method, path.as_str()), (Method::GET, "/apis/metal.ironcore.dev/v1beta1"));
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!((method, path.as_str()), (Method::PATCH, SERVER), "quiesce, in the profile's version");
+            let stored = server("3", quiesced(), wanted()).replace("v1alpha1", "v1beta1");
+            let (method, path, body) = answer(&mut api, StatusCode::OK, stored).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, format!("{V1BETA1}/status").as_str()));
+            assert_eq!(body["apiVersion"], "metal.ironcore.dev/v1beta1");
+            claim_lookup(&mut api, StatusCode::OK).await;
+            let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", released, wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, V1BETA1), "the release replaces the answer as it came");
+            assert_eq!(body["apiVersion"], "metal.ironcore.dev/v1beta1");
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error, outcome.reason), (Verdict::Restore, 3, None, None));
+    }
+
+    /// F61: the served schema refuses the record's status (422): the object is released with
+    /// the mark that keeps the same snapshot from trying again, and gets `incompatible`.
+    #[tokio::test]
+    async fn a_status_the_schema_refuses_is_incompatible_and_released_with_a_mark() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH, "quiesce");
+            let invalid = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid",
+                                 "code": 422, "message": "Server.metal.ironcore.dev \"server-1\" is invalid: status.state: Unsupported value: \"Reserved\""});
+            let (method, path, _) = answer(&mut api, StatusCode::UNPROCESSABLE_ENTITY, invalid.to_string()).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, format!("{SERVER}/status").as_str()));
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("3", json!({}), json!({}))).await;
+            assert_eq!((method, path.as_str()), (Method::PATCH, SERVER), "release");
+            let mut marks = annotations::release_annotations(&quiesced().as_object().unwrap().iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string())).collect());
+            marks.insert(NOT_RESTORED_ANNOTATION.into(), snapshot_id().into());
+            assert_eq!(body, json!({"metadata": {"uid": "u-1", "resourceVersion": "2", "annotations": marks}}));
+            let (method, _, body) = answer(&mut api, StatusCode::OK, "{}".into()).await;
+            assert_eq!((method, body["reason"].as_str()), (Method::POST, Some("StatusNotRestored")));
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Incompatible, 3, None));
+        assert!(outcome.reason.unwrap().contains("Unsupported value"));
+    }
+
+    /// F61: fields the served schema prunes are named: the status is restored in part, the
+    /// object released with both marks, and the Event is a warning.
+    #[tokio::test]
+    async fn fields_the_schema_prunes_are_named_and_the_restore_is_partial() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("2", quiesced(), json!({}))).await;
+            assert_eq!(method, Method::PATCH, "quiesce");
+            let pruned = json!({"state": "Reserved"});
+            let (method, _, _) = answer(&mut api, StatusCode::OK, server("3", quiesced(), pruned.clone())).await;
+            assert_eq!(method, Method::PUT, "status");
+            claim_lookup(&mut api, StatusCode::OK).await;
+            let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", json!({}), pruned)).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER), "release");
+            let annotations = &body["metadata"]["annotations"];
+            assert_eq!(annotations[RESTORED_FROM_ANNOTATION], snapshot_id());
+            assert_eq!(annotations[NOT_RESTORED_ANNOTATION], snapshot_id());
+            let (method, _, body) = answer(&mut api, StatusCode::OK, "{}".into()).await;
+            assert_eq!(
+                (method, body["reason"].as_str(), body["type"].as_str()),
+                (Method::POST, Some("StatusPartlyRestored"), Some("Warning"))
+            );
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
+        let reason = outcome.reason.unwrap();
+        assert!(reason.contains("status.networkInterfaces"), "{reason}");
+    }
+
     /// The metal-operator group's discovery, with or without `servers/status`.
     fn discovery(status: bool) -> String {
+        discovery_of("v1alpha1", status)
+    }
+
+    /// The metal-operator group's discovery at `version`, with or without `servers/status`.
+    fn discovery_of(version: &str, status: bool) -> String {
         let mut resources = vec![
             json!({"name": "servers", "singularName": "server", "namespaced": false, "kind": "Server", "verbs": ["get"]}),
         ];
         if status {
             resources.push(json!({"name": "servers/status", "singularName": "", "namespaced": false, "kind": "Server", "verbs": ["update"]}));
         }
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "metal.ironcore.dev/v1alpha1", "resources": resources}).to_string()
+        let group_version = format!("metal.ironcore.dev/{version}");
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources})
+            .to_string()
     }
 
     /// F55: a kind whose CRD was not served when the writer asked (installed after restatus

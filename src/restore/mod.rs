@@ -240,7 +240,7 @@ async fn restore(
         for item in matcher.finish(&input)? {
             tally.keep(&item, opts);
         }
-        let records = loaded.records.of_kind(&kind.kind).count();
+        let records = loaded.records.of_kind(&kind.qualified_kind()).count();
         match (records, applied.writes) {
             (0, 0) => debug!(kind = %kind.kind, "no records of this kind in the snapshot"),
             (records, writes) => {

@@ -8,7 +8,9 @@
 //! - `skip-newer`: the live status moved on after the snapshot; never overwritten without force;
 //! - `ambiguous`: a key matches several live objects, or several records match one object;
 //! - `missing-on-target`: a record whose object is not on the target;
-//! - `not-in-snapshot`: a live object the snapshot has no record for.
+//! - `not-in-snapshot`: a live object the snapshot has no record for;
+//! - `incompatible`: the target cannot take the record's status (its version is not served,
+//!   or the served schema refuses it); the object is released, never retried on this snapshot.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -19,6 +21,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::Result;
+use crate::domain::annotations::NOT_RESTORED_ANNOTATION;
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::status::{FieldChange, diff};
@@ -33,16 +36,18 @@ pub enum Verdict {
     Ambiguous,
     MissingOnTarget,
     NotInSnapshot,
+    Incompatible,
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 6] = [
+    pub const ALL: [Verdict; 7] = [
         Verdict::Restore,
         Verdict::AlreadyEqual,
         Verdict::SkipNewer,
         Verdict::Ambiguous,
         Verdict::MissingOnTarget,
         Verdict::NotInSnapshot,
+        Verdict::Incompatible,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +58,7 @@ impl Verdict {
             Verdict::Ambiguous => "ambiguous",
             Verdict::MissingOnTarget => "missing-on-target",
             Verdict::NotInSnapshot => "not-in-snapshot",
+            Verdict::Incompatible => "incompatible",
         }
     }
 }
@@ -209,7 +215,7 @@ impl<'a> KindMatcher<'a> {
             placed: vec![false; records.len()],
         };
         let mut primaries = Vec::new();
-        for r in records.of_kind(&kind.kind) {
+        for r in records.of_kind(&kind.qualified_kind()) {
             let digests = records.key_digests(r);
             primaries.extend(digests.first().copied());
             match digests.iter().map(|&d| (d, live.count(d))).find(|&(_, n)| n > 0) {
@@ -368,6 +374,17 @@ fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, record: Reco
                 item.release = object.quiesced_by_restatus();
                 let decision = decide(&record.status, object, input.snapshot_time, input.force);
                 (item.verdict, item.reason, item.forced) = (decision.verdict, decision.reason, decision.forced);
+                if item.verdict == Verdict::Restore && object.refused(input.snapshot.as_str()) {
+                    // The target's schema did not take this snapshot's status for it whole before
+                    // (refused it, or pruned fields): it was released then, and is not quiesced
+                    // and written again for the same answer.
+                    item.verdict = Verdict::Incompatible;
+                    item.reason = format!(
+                        "the target did not take the status of snapshot {} whole before ({NOT_RESTORED_ANNOTATION}); \
+                         a newer snapshot, or removing the annotation, tries again",
+                        input.snapshot
+                    );
+                }
                 if input.explain && item.verdict == Verdict::Restore {
                     let wanted: Value = serde_json::from_str(record.status.get()).unwrap_or(Value::Null);
                     item.changes = diff(object.status_value().as_ref(), &wanted);
@@ -471,9 +488,12 @@ mod tests {
 
     const SNAP: &str = SNAPSHOT_TIME;
 
+    /// The id of the snapshot [`run`] plans from.
+    const SNAP_ID: &str = "20261130T090000.000Z-0a1b2c";
+
     fn run(records: &[Record], live: &[LiveObject], force: bool) -> RestorePlan {
         let profile = Profile::metal_operator();
-        let id = SnapshotId::new(ts(SNAP));
+        let id: SnapshotId = SNAP_ID.parse().unwrap();
         let records = &Records::from_records(records.to_vec());
         plan(&PlanInput {
             profile: &profile,
@@ -516,6 +536,45 @@ mod tests {
             ["status.networkInterfaces: (absent) -> [1 items]", "status.state: (absent) -> \"Reserved\""]
         );
         assert_eq!((item.record, item.live), (Some(0), Some(0)));
+    }
+
+    /// F59: records match by group and kind: a `Server` of another group (a CRD of the same
+    /// kind name, another operator's) never gives its status to metal-operator's Server that
+    /// carries the same key, and is no record of it.
+    #[test]
+    fn a_record_of_a_kind_of_the_same_name_in_another_group_matches_nothing() {
+        let k = key("spec.systemUUID", "u1");
+        let other = Record {
+            api_version: "inventory.example.com/v1".into(),
+            ..record("Server", "s1", std::slice::from_ref(&k), json!({"state": "Racked"}))
+        };
+        let p = run(&[other], &[live("Server", "s1", &[k], None)], false);
+        assert_eq!(verdicts(&p), [("s1".to_string(), Verdict::NotInSnapshot)]);
+    }
+
+    /// F61: an object whose status the target did not take whole from this snapshot (refused
+    /// by its schema, or pruned) is not quiesced and written again: `incompatible`, and
+    /// released if restatus still holds its ignore; a newer snapshot tries again.
+    #[test]
+    fn an_object_the_target_refused_this_snapshots_status_is_not_tried_again() {
+        use crate::domain::annotations::NOT_RESTORED_ANNOTATION;
+        let k = key("spec.systemUUID", "u1");
+        let mut refused = live("Server", "s1", std::slice::from_ref(&k), None);
+        let snapshot = SNAP_ID.to_string();
+        refused.annotations.insert(NOT_RESTORED_ANNOTATION.into(), snapshot.clone());
+        let records = [record("Server", "s1", std::slice::from_ref(&k), reserved())];
+        let p = run(&records, std::slice::from_ref(&refused), false);
+        assert_eq!((p.items[0].verdict, p.items[0].release, p.writes()), (Verdict::Incompatible, false, 0));
+        assert!(p.items[0].reason.contains(&snapshot), "{}", p.items[0].reason);
+
+        refused.annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+        refused.annotations.insert(QUIESCED_BY_ANNOTATION.into(), "restatus".into());
+        let p = run(&records, std::slice::from_ref(&refused), false);
+        assert_eq!((p.items[0].verdict, p.items[0].release), (Verdict::Incompatible, true));
+
+        refused.annotations.insert(NOT_RESTORED_ANNOTATION.into(), "20250101T000000.000Z-000000".into());
+        let p = run(&records, std::slice::from_ref(&refused), false);
+        assert_eq!(p.items[0].verdict, Verdict::Restore, "another snapshot's mark");
     }
 
     #[test]
