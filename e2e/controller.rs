@@ -201,6 +201,8 @@ async fn a_quiet_controller_keeps_its_watches_and_counts_no_error() {
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
 
+    // Nothing may happen over 75 s: longer than the 60 s read timeout that cut every quiet
+    // watch once a minute (each cut logged and counted), and than the minute between bookmarks.
     tokio::time::sleep(Duration::from_secs(75)).await;
     let (_, metrics) = controller.get("/metrics").await.unwrap();
     let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
@@ -344,13 +346,16 @@ async fn the_admission_policy_holds_in_another_namespace() {
     let spec = FleetSpec::new(&unique("nsx"), 1, 1, 0);
     fleet::create(&bed.target().await, &spec, 2).await.unwrap();
     let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
-    tokio::time::sleep(Duration::from_secs(2)).await; // the re-applied policy reaches the API server's cache
-    // The fleet's unclaimed server is powered off: this patch changes its spec.
-    let out = bed.kubectl(&as_controller, &merge_patch(None, &server, r#"{"spec":{"power":"On"}}"#));
+    // The fleet's unclaimed server is powered off: this patch changes its spec. The re-applied
+    // binding takes effect once it reaches the API server's cache: probed with dry runs.
+    let power_on = merge_patch(None, &server, r#"{"spec":{"power":"On"}}"#);
+    let in_force = bed.wait_denied(&as_controller, &power_on, "may not change spec", Duration::from_secs(60)).await;
+    let out = bed.kubectl(&as_controller, &power_on);
     let denied = stderr(&out);
     // Put the shipped namespace's bindings back before asserting, for the tests that follow.
     assert_success(&kubectl(&["apply", "-k", &format!("{manifests}/controller")]), "restore the bindings");
     let _ = kubectl(&["delete", "namespace", &ns, "--wait=false"]);
+    in_force.unwrap();
     assert!(denied.contains("may not change spec"), "the policy must hold in {ns}: {denied}");
 }
 
@@ -408,14 +413,26 @@ async fn writes_denied_for_30_seconds_are_retried_until_everything_is_restored_a
     )
     .await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    // The fault lasts 30 s (the row's duration, not a wait for something): over it every object
+    // fails again and again, its backoff growing 1, 2, 4, 8, 16 s.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let state = fleet_state(&bed.target().await, &spec.name).await;
     assert!(state.values().all(|(status, _)| status.is_null()), "the fault held: nothing restored yet");
     let (_, metrics) = controller.get("/metrics").await.unwrap();
     assert!(metric(&metrics, "restatus_objects_retrying") >= 1.0, "{metrics}");
+    // Each object failed more than once: it backs off, it does not give up after the first.
+    let objects = state.len() as f64;
+    assert!(metric(&metrics, "restatus_errors_total") > objects, "retried: {metrics}");
 
     deny.remove(&bed);
-    let took = wait_restored(&bed, &spec.name, Duration::from_secs(60)).await;
+    // The fault has cleared once the API server no longer enforces the policy (a dry-run
+    // update of a fleet object is admitted). From then on each object is tried again when its
+    // current backoff step ends: at most one step, and no step is longer than MAX_RETRY.
+    let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
+    let probe = merge_patch(None, &server, r#"{"metadata":{"annotations":{"restatus-test/probed":"yes"}}}"#);
+    bed.wait_allowed(&bed.target_kubeconfig, &probe, Duration::from_secs(60)).await.unwrap();
+    let one_step = restatus::controller::retry::MAX_RETRY + Duration::from_secs(15); // + the writes themselves
+    let took = wait_restored(&bed, &spec.name, one_step).await;
     eprintln!("restored and released {took:?} after the fault cleared");
     let (_, metrics) = controller.get("/metrics").await.unwrap();
     assert_eq!(metric(&metrics, "restatus_objects_retrying"), 0.0, "{metrics}");
@@ -934,7 +951,8 @@ async fn a_kind_whose_crd_arrives_after_the_controller_started_gets_its_status_o
     let annotations = restored.metadata.annotations.unwrap_or_default();
     assert!(!annotations.contains_key(OPERATION_ANNOTATION), "left quiesced: {annotations:?}");
     // Written once: the loop wrote it some 15 times a second; 10 s without a second
-    // "status restored" for it shows the loop is gone.
+    // "status restored" for it shows the loop is gone (the window also holds five snapshot
+    // refreshes at 2 s and ten retry ticks at 1 s, each of which would have written again).
     tokio::time::sleep(Duration::from_secs(10)).await;
     let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
     let writes = log.lines().filter(|l| l.contains("status restored") && l.contains("Widget")).count();
