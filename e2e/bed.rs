@@ -426,11 +426,15 @@ pub fn audit_events(path: &Path) -> Vec<serde_json::Value> {
 }
 
 /// A plain-HTTP proxy on loopback in front of `upstream` (`host:port`) that records each
-/// request's method and target, for tests that count requests to S3. HTTP/1.1 only, as the
-/// object store speaks it over plain http: requests are told apart by their Content-Length.
+/// request's method and target, for tests that count requests to S3, and that stops answering
+/// on command ([`CountingProxy::hold`]: requests are recorded as they arrive, then held, not
+/// forwarded, until [`CountingProxy::resume`]), as a stalled store or network would. HTTP/1.1
+/// only, as the object store speaks it over plain http: requests are told apart by their
+/// Content-Length.
 pub struct CountingProxy {
     pub port: u16,
     requests: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    held: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -439,18 +443,39 @@ impl CountingProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (held, gate) = tokio::sync::watch::channel(false);
         let (upstream, log) = (upstream.to_string(), requests.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(relay(client, upstream.clone(), log.clone()));
+                tokio::spawn(relay(client, upstream.clone(), log.clone(), gate.clone()));
             }
         });
-        CountingProxy { port, requests, task }
+        CountingProxy { port, requests, held, task }
     }
 
-    /// Method and target (path and query) of every request so far.
+    /// The proxy for the test bed's S3 endpoint (`S3_ENDPOINT`, plain http), and its URL.
+    pub async fn for_s3() -> (CountingProxy, String) {
+        let endpoint = std::env::var("S3_ENDPOINT").expect("S3_ENDPOINT");
+        let upstream = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
+        assert!(!upstream.contains("://"), "the counting proxy speaks plain http only: {endpoint}");
+        let proxy = CountingProxy::start(&upstream).await;
+        let url = format!("http://127.0.0.1:{}", proxy.port);
+        (proxy, url)
+    }
+
+    /// Method and target (path and query) of every request so far, held ones included.
     pub fn requests(&self) -> Vec<(String, String)> {
         self.requests.lock().unwrap().clone()
+    }
+
+    /// From now on no request is forwarded (nor answered) until [`CountingProxy::resume`].
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    /// Forwards the held requests and those that follow.
+    pub fn resume(&self) {
+        self.held.send_replace(false);
     }
 }
 
@@ -464,6 +489,7 @@ async fn relay(
     client: tokio::net::TcpStream,
     upstream: String,
     log: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    mut gate: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = tokio::net::TcpStream::connect(&upstream).await?;
@@ -488,6 +514,10 @@ async fn relay(
             let mut words = head.split_whitespace();
             let (method, target) = (words.next().unwrap_or("").to_string(), words.next().unwrap_or("").to_string());
             log.lock().unwrap().push((method, target));
+            // Held: the request stays here, unanswered, until the proxy resumes.
+            if gate.wait_for(|held| !*held).await.is_err() {
+                return Ok(());
+            }
             let header = |name: &str| {
                 head.lines().find_map(|l| {
                     let (n, v) = l.split_once(':')?;

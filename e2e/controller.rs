@@ -717,11 +717,7 @@ async fn a_kind_forbidden_by_the_shipped_rbac_is_reported_and_the_rest_is_restor
 async fn the_snapshot_refresh_downloads_each_payload_once() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
-    let endpoint = std::env::var("S3_ENDPOINT").expect("S3_ENDPOINT");
-    let upstream = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
-    assert!(!upstream.contains("://"), "the counting proxy speaks plain http only: {endpoint}");
-    let proxy = CountingProxy::start(&upstream).await;
-    let proxied = format!("http://127.0.0.1:{}", proxy.port);
+    let (proxy, proxied) = CountingProxy::for_s3().await;
 
     let spec = FleetSpec::new(&unique("gets"), 2, 2, 1);
     fleet::create(&bed.source().await, &spec, 4).await.unwrap();
@@ -781,6 +777,95 @@ async fn the_snapshot_refresh_downloads_each_payload_once() {
     assert!(!store.manifest(&newest.id).await.unwrap().is_consistent(), "the newest snapshot is inconsistent");
     refreshes(&lists, 6).await;
     assert_eq!(payload_gets(), 2, "nothing downloaded for an inconsistent newer snapshot: {:?}", proxy.requests());
+    assert!(controller.stop().await.success());
+}
+
+/// F65: the store stops answering (a proxy in front of S3 that stops forwarding) while the
+/// controller refreshes its snapshot. The refresh fails after `--snapshot-timeout` with an
+/// error that says so, counted in `restatus_errors_total`; the snapshot in use is kept and
+/// nothing on the cluster is written (every object's resourceVersion is what it was). When the
+/// proxy forwards again, the next refresh takes up a new snapshot. Before, the refresh waited
+/// for the object store's own timeouts and retries (30 s and more), with the controller's loop.
+#[tokio::test]
+async fn a_store_that_stops_answering_during_a_refresh_fails_it_in_time_and_nothing_is_rewritten() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (proxy, proxied) = CountingProxy::for_s3().await;
+    let spec = FleetSpec::new(&unique("stall"), 2, 2, 1);
+    let (selector, storage) = backed_up(&bed, &spec, 4).await;
+    let lease_ns = lease_namespace(&bed).await;
+    let env = [("S3_ENDPOINT", proxied.as_str()), ("AWS_ENDPOINT_URL_S3", proxied.as_str())];
+    let extra = ["--snapshot-refresh", "1s", "--snapshot-timeout", "3s"];
+    let controller =
+        Controller::start_env(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, &extra, &env);
+    controller.wait_ready().await;
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+    let versions = || async {
+        let target = bed.target().await;
+        let profile = Profile::metal_operator();
+        let mut versions = std::collections::BTreeMap::new();
+        for kind in ["BMC", "Server", "ServerClaim"] {
+            let api = restatus::k8s::api_for(&target, profile.kind(kind).unwrap(), None);
+            for o in api.list(&kube::api::ListParams::default().labels(&selector)).await.unwrap() {
+                versions.insert(format!("{kind} {}", o.metadata.name.unwrap()), o.metadata.resource_version.unwrap());
+            }
+        }
+        versions
+    };
+    let before = versions().await;
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    let (errors_before, in_use) =
+        (metric(&metrics, "restatus_errors_total"), metric(&metrics, "restatus_snapshot_timestamp_seconds"));
+
+    proxy.hold();
+    let stalled = Instant::now();
+    let failed = "snapshot refresh failed; keeping the snapshot in use";
+    let deadline = stalled + Duration::from_secs(30);
+    let log = loop {
+        let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+        if log.contains(failed) {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "no failed refresh within 30 s of the stall:\n{log}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The first refresh after the hold fails by the refresh timeout (3 s), not by the object
+    // store's own (30 s); a refresh already past its reads when the hold began may succeed first.
+    assert!(stalled.elapsed() < Duration::from_secs(10), "took {:?}", stalled.elapsed());
+    assert!(log.contains("did not finish within 3s; the store stopped answering"), "{log}");
+    assert!(log.contains(&proxied), "the error names the store: {log}");
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    assert!(metric(&metrics, "restatus_errors_total") > errors_before, "counted: {metrics}");
+    assert_eq!(metric(&metrics, "restatus_snapshot_timestamp_seconds"), in_use, "the snapshot in use is kept");
+    // While the store is silent the controller goes on: a wiped status comes back from the
+    // snapshot in use.
+    let wiped = spec.server_name(1);
+    wipe_status(&bed, &wiped).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+
+    proxy.resume();
+    // A new snapshot is taken up once the store answers again (snapshot ids have second
+    // precision: the backup is taken at least a second after the one in use).
+    let second = Instant::now();
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "second backup");
+    let deadline = second + Duration::from_secs(60);
+    loop {
+        let (_, metrics) = controller.get("/metrics").await.unwrap_or_default();
+        if metric(&metrics, "restatus_snapshot_timestamp_seconds") > in_use {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new snapshot was not taken up within 60 s of the resume: {metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nothing was written but the wiped status (and its quiesce and release).
+    let after = versions().await;
+    let wiped = format!("Server {wiped}");
+    let rewritten: Vec<_> =
+        before.iter().filter(|(name, rv)| **name != wiped && after.get(*name) != Some(rv)).collect();
+    assert!(rewritten.is_empty(), "written during or after the stall: {rewritten:?}");
+    let state = fleet_state(&bed.target().await, &spec.name).await;
+    assert!(state.values().all(|(_, a)| !a.contains_key(QUIESCED_BY_ANNOTATION)), "nothing left quiesced");
     assert!(controller.stop().await.success());
 }
 
