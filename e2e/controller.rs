@@ -506,8 +506,19 @@ async fn a_leader_killed_mid_restore_is_replaced_and_nothing_is_written_twice() 
     // 700 ms, which on a slow machine could come before the first write or after the last).
     wait_some_restored(&bed.target().await, &spec.name, 5, Duration::from_secs(60)).await;
     leader.child.kill().unwrap();
+    leader.child.wait().unwrap();
+    // Work is provably left when the leader dies: read after its death, objects without status
+    // (nothing of a dead process writes any more). Were there none, the standby would only
+    // have had releases to do, and the test would not show a takeover mid-restore.
+    let at_death = fleet_state(&bed.target().await, &spec.name).await;
+    let left = at_death.values().filter(|(status, _)| status.is_null()).count();
+    assert!(left > 0, "the leader had restored all {} objects before it was killed", at_death.len());
+    eprintln!("{left} of {} objects left without status when the leader died", at_death.len());
     let took = wait_restored(&bed, &spec.name, Duration::from_secs(90)).await;
     eprintln!("the standby finished the restore {took:?} after the leader was killed");
+    let (_, metrics) = standby.get("/metrics").await.unwrap();
+    let restored_by_standby = metric(&metrics, "restatus_decisions_total{verdict=\"restore\"}");
+    assert!(restored_by_standby >= left as f64, "the standby restored what was left ({left}): {metrics}");
 
     let events = bed.kubectl(&bed.target_kubeconfig, &["get", "events.events.k8s.io", "-A", "-o", "json"]);
     assert_success(&events, "kubectl get events");
