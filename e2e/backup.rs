@@ -267,6 +267,55 @@ async fn unreachable_api_server_fails_the_backup_without_a_manifest() {
     assert!(bed.store(&storage, "down").list().await.unwrap().iter().all(|e| !e.complete));
 }
 
+/// `restatus schedule` with `--cron '* * * * *'` against the source, S3 at `s3` (the bed's, or
+/// a proxy in front of it), its log in a file of the test's own.
+fn start_schedule(bed: &Bed, storage: &str, selector: &str, s3: &str) -> (std::process::Child, std::path::PathBuf) {
+    let log = bed.scratch.path().join(format!("{}.log", unique("schedule")));
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args(["schedule", "--cron", "* * * * *", "--selector", selector, "--kubeconfig"])
+        .arg(&bed.source_kubeconfig)
+        .env("RESTATUS_STORAGE", storage)
+        .env("RESTATUS_CLUSTER_ID", "sched")
+        .env("S3_ENDPOINT", s3)
+        .env("AWS_ENDPOINT_URL_S3", s3)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    (child, log)
+}
+
+/// The fire time the schedule logged it waits for first ("waiting for the next run …
+/// next=T"), once it has (at most 30 s).
+async fn first_fire_time(log: &std::path::Path) -> jiff::Timestamp {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let next = text.lines().filter(|l| l.contains("waiting for the next run")).find_map(|l| {
+            let (_, rest) = l.split_once(" next=")?;
+            rest.split_whitespace().next()?.parse::<jiff::Timestamp>().ok()
+        });
+        if let Some(next) = next {
+            return next;
+        }
+        assert!(Instant::now() < deadline, "the schedule logged no fire time within 30 s:\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (at most `within`) for the child to exit, without blocking the runtime (a test's
+/// in-process proxy must keep answering it).
+async fn exit_of(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the schedule did not exit within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn schedule_takes_a_backup_at_the_next_minute_and_stops_on_sigterm() {
     let bed = Bed::get();
@@ -274,36 +323,88 @@ async fn schedule_takes_a_backup_at_the_next_minute_and_stops_on_sigterm() {
     // Its own (empty) selection: the shared source changes under parallel tests, and an
     // inconsistent capture is retaken, which would move the snapshot off the minute.
     let selector = format!("{}={}", restatus::fleet::FLEET_LABEL, unique("sched"));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
-        .args(["schedule", "--cron", "* * * * *", "--selector", &selector, "--kubeconfig"])
-        .arg(&bed.source_kubeconfig)
-        .env("RESTATUS_STORAGE", &storage)
-        .env("RESTATUS_CLUSTER_ID", "sched")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut child, log) = start_schedule(&bed, &storage, &selector, &std::env::var("S3_ENDPOINT").unwrap());
+    let fire = first_fire_time(&log).await;
+    assert_eq!(fire.to_zoned(jiff::tz::TimeZone::UTC).second(), 0, "fire times are on the minute: {fire}");
     let store = bed.store(&storage, "sched");
+    // The fire time is at most a minute ahead; the backup of an empty selection then takes
+    // seconds. 90 s bounds both.
     let deadline = Instant::now() + Duration::from_secs(90);
-    let mut complete = 0;
-    while Instant::now() < deadline && complete == 0 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        complete = store.list().await.unwrap().iter().filter(|e| e.complete).count();
-    }
-    assert_eq!(complete, 1, "no scheduled snapshot within 90 s");
-    let id = store.list().await.unwrap()[0].id.clone();
-    let second = id.timestamp().unwrap().to_zoned(jiff::tz::TimeZone::UTC).second();
-    assert!(second < 5, "snapshot {id} did not start at the top of a minute");
-    // SIGTERM while waiting for the next minute: a prompt, clean exit.
-    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-    let stopped = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
+    let entry = loop {
+        if let Some(entry) = store.list().await.unwrap().into_iter().find(|e| e.complete) {
+            break entry;
         }
-        assert!(stopped.elapsed() < Duration::from_secs(20), "schedule did not stop on SIGTERM");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(Instant::now() < deadline, "no scheduled snapshot within 90 s (fire time {fire})");
+        tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    // Taken for that fire time: not before it, and before the next one (a run that slipped a
+    // minute would be the next fire time's, which the schedule never catches up).
+    let created = store.manifest(&entry.id).await.unwrap().created_at;
+    let next = fire + jiff::SignedDuration::from_secs(60);
+    assert!(fire <= created && created < next, "snapshot {} created at {created}, for the fire time {fire}", entry.id);
+    // SIGTERM while waiting for the next minute (the log says so once the backup is done): a
+    // prompt, clean exit.
+    let waiting = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&log).unwrap_or_default().matches("waiting for the next run").count() < 2 {
+        assert!(Instant::now() < waiting, "the schedule did not go back to waiting");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let status = exit_of(&mut child, Duration::from_secs(20)).await;
     assert!(status.success(), "schedule exited with {status}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("shutdown requested; no backup was running"), "{text}");
+}
+
+/// F27 with a backup in flight: SIGTERM reaches the schedule while its backup's payload upload
+/// is provably under way (the upload's PUT is held, unanswered, by a proxy in front of S3: the
+/// capture is done and no manifest is written). The backup finishes once the store answers
+/// again (its manifest is written, consistent, with every record of the fleet), no further
+/// backup is started, and the process exits 0. Before this test only the pure loop was shown
+/// to do so, with a fake job.
+#[tokio::test]
+async fn a_schedule_stopped_while_its_backup_runs_finishes_that_backup_then_exits() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("sched-term"), 3, 3, 1);
+    fleet::create(&bed.source().await, &spec, 8).await.unwrap();
+    let storage = bed.storage(&spec.name);
+    let (proxy, proxied) = crate::bed::CountingProxy::for_s3().await;
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let (mut child, log) = start_schedule(&bed, &storage, &selector, &proxied);
+    let fire = first_fire_time(&log).await;
+    let prefix = storage.rsplit('/').next().unwrap().to_string();
+    // The store stops answering before the fire time: the backup runs into it with its upload.
+    proxy.hold();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let upload = |(method, target): &(String, String)| {
+        target.contains(&prefix) && target.contains("payload") && (method == "PUT" || method == "POST")
+    };
+    while !proxy.requests().iter().any(upload) {
+        assert!(Instant::now() < deadline, "no payload upload within 90 s (fire time {fire}): {:?}", proxy.requests());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let store = bed.store(&storage, "sched");
+    assert!(store.list().await.unwrap().iter().all(|e| !e.complete), "no manifest yet: the backup is in flight");
+
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("finishing the running backup first") {
+        assert!(Instant::now() < deadline, "SIGTERM not taken in: {}", std::fs::read_to_string(&log).unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(child.try_wait().unwrap().is_none(), "it waits for its backup, it does not exit");
+    proxy.resume();
+    let status = exit_of(&mut child, Duration::from_secs(60)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "schedule exited with {status}: {text}");
+    assert!(text.contains("snapshot written") && text.contains("runs=1"), "one run, completed: {text}");
+
+    let complete: Vec<_> = store.list().await.unwrap().into_iter().filter(|e| e.complete).collect();
+    assert_eq!(complete.len(), 1, "the backup in flight, and no other: {complete:?}");
+    let (manifest, records) = records(&store, complete[0].id.as_str()).await;
+    assert!(manifest.is_consistent(), "{manifest:?}");
+    assert!(manifest.created_at >= fire, "taken for the fire time {fire}: {}", manifest.created_at);
+    assert_eq!(records.len(), 7, "every object of the fleet: {manifest:?}");
 }
 
 /// Two backups of one cluster id on one prefix at once (a CronJob overlapping a manual run,

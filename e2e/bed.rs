@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use kube::config::Kubeconfig;
 use restatus::domain::annotations::{QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION};
@@ -109,6 +110,52 @@ impl Bed {
             assert!(!out.status.success(), "{args:?} was allowed: {}", stdout(&out));
             let err = stderr(&out);
             assert!(err.contains("forbidden") || err.contains("denied request"), "{args:?}: {err}");
+        }
+    }
+
+    /// Waits (at most `within`) until an admission policy just applied is in force: the write
+    /// `args` (a kubectl command it must deny) is sent with `--dry-run=server` (`dryRun=All`:
+    /// admitted or denied, never stored) until the answer is a denial whose message holds
+    /// `message`. The API server admits with the policies its informer has seen, a moment
+    /// after they are written, and nothing on the bed reports when that is.
+    pub async fn wait_denied(
+        &self,
+        kubeconfig: &Path,
+        args: &[&str],
+        message: &str,
+        within: Duration,
+    ) -> Result<(), String> {
+        let mut dry_run = args.to_vec();
+        dry_run.push("--dry-run=server");
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let out = self.kubectl(kubeconfig, &dry_run);
+            let err = stderr(&out);
+            if !out.status.success() && err.contains("denied request") && err.contains(message) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(format!("the policy did not deny {args:?} within {within:?}: {}{err}", stdout(&out)));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits (at most `within`) until the write `args`, sent with `--dry-run=server` as
+    /// [`Bed::wait_denied`] sends it, is allowed: a policy just removed is no longer in force.
+    pub async fn wait_allowed(&self, kubeconfig: &Path, args: &[&str], within: Duration) -> Result<(), String> {
+        let mut dry_run = args.to_vec();
+        dry_run.push("--dry-run=server");
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let out = self.kubectl(kubeconfig, &dry_run);
+            if out.status.success() {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(format!("{args:?} still refused after {within:?}: {}", stderr(&out)));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
@@ -379,11 +426,15 @@ pub fn audit_events(path: &Path) -> Vec<serde_json::Value> {
 }
 
 /// A plain-HTTP proxy on loopback in front of `upstream` (`host:port`) that records each
-/// request's method and target, for tests that count requests to S3. HTTP/1.1 only, as the
-/// object store speaks it over plain http: requests are told apart by their Content-Length.
+/// request's method and target, for tests that count requests to S3, and that stops answering
+/// on command ([`CountingProxy::hold`]: requests are recorded as they arrive, then held, not
+/// forwarded, until [`CountingProxy::resume`]), as a stalled store or network would. HTTP/1.1
+/// only, as the object store speaks it over plain http: requests are told apart by their
+/// Content-Length.
 pub struct CountingProxy {
     pub port: u16,
     requests: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    held: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -392,18 +443,39 @@ impl CountingProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (held, gate) = tokio::sync::watch::channel(false);
         let (upstream, log) = (upstream.to_string(), requests.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(relay(client, upstream.clone(), log.clone()));
+                tokio::spawn(relay(client, upstream.clone(), log.clone(), gate.clone()));
             }
         });
-        CountingProxy { port, requests, task }
+        CountingProxy { port, requests, held, task }
     }
 
-    /// Method and target (path and query) of every request so far.
+    /// The proxy for the test bed's S3 endpoint (`S3_ENDPOINT`, plain http), and its URL.
+    pub async fn for_s3() -> (CountingProxy, String) {
+        let endpoint = std::env::var("S3_ENDPOINT").expect("S3_ENDPOINT");
+        let upstream = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
+        assert!(!upstream.contains("://"), "the counting proxy speaks plain http only: {endpoint}");
+        let proxy = CountingProxy::start(&upstream).await;
+        let url = format!("http://127.0.0.1:{}", proxy.port);
+        (proxy, url)
+    }
+
+    /// Method and target (path and query) of every request so far, held ones included.
     pub fn requests(&self) -> Vec<(String, String)> {
         self.requests.lock().unwrap().clone()
+    }
+
+    /// From now on no request is forwarded (nor answered) until [`CountingProxy::resume`].
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    /// Forwards the held requests and those that follow.
+    pub fn resume(&self) {
+        self.held.send_replace(false);
     }
 }
 
@@ -417,6 +489,7 @@ async fn relay(
     client: tokio::net::TcpStream,
     upstream: String,
     log: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    mut gate: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = tokio::net::TcpStream::connect(&upstream).await?;
@@ -441,6 +514,10 @@ async fn relay(
             let mut words = head.split_whitespace();
             let (method, target) = (words.next().unwrap_or("").to_string(), words.next().unwrap_or("").to_string());
             log.lock().unwrap().push((method, target));
+            // Held: the request stays here, unanswered, until the proxy resumes.
+            if gate.wait_for(|held| !*held).await.is_err() {
+                return Ok(());
+            }
             let header = |name: &str| {
                 head.lines().find_map(|l| {
                     let (n, v) = l.split_once(':')?;
@@ -550,14 +627,18 @@ pub fn assert_stopped_cleanly(state: &BTreeMap<String, (serde_json::Value, BTree
 }
 
 /// An admission policy a test injects as a fault, on `kubeconfig`'s cluster: updates of
-/// metal-operator `resources` (YAML list) for which the CEL `condition` holds are denied unless
-/// `validation` holds. Removed by [`InjectedPolicy::remove`].
+/// metal-operator `resources` (YAML list, `servers` among them) for which the CEL `condition`
+/// holds are denied unless `validation` holds. Removed by [`InjectedPolicy::remove`].
 pub struct InjectedPolicy {
     file: PathBuf,
     kubeconfig: PathBuf,
 }
 
+/// The label of the Server through which [`InjectedPolicy`] learns that its policy is in force.
+const POLICY_PROBE_LABEL: &str = "restatus-test/policy-probe";
+
 impl InjectedPolicy {
+    /// Applies the policy and returns once the API server enforces it (at most 60 s).
     pub async fn deny_updates(
         bed: &Bed,
         kubeconfig: &Path,
@@ -566,6 +647,15 @@ impl InjectedPolicy {
         condition: &str,
         validation: &str,
     ) -> InjectedPolicy {
+        assert!(resources.contains("servers"), "the policy is probed through a Server: {resources}");
+        // The policy also denies any update of a probe Server of its own, which no test
+        // selects: a dry-run update of it is denied once the policy is in force.
+        let probe = format!(
+            "(has(object.metadata.labels) && '{POLICY_PROBE_LABEL}' in object.metadata.labels && \
+             object.metadata.labels['{POLICY_PROBE_LABEL}'] == '{name}')"
+        );
+        let condition = format!("({condition}) || {probe}");
+        let validation = format!("!{probe} && ({validation})");
         let spec = format!(
             "matchConstraints:\n  resourceRules:\n  - apiGroups: [metal.ironcore.dev]\n    apiVersions: [\"*\"]\n    \
              operations: [UPDATE]\n    resources: {resources}\nmatchConditions:\n- name: injected\n  \
@@ -581,10 +671,23 @@ impl InjectedPolicy {
         let file = bed.scratch.path().join(format!("{name}-policy.yaml"));
         std::fs::write(&file, policy).unwrap();
         let injected = InjectedPolicy { file, kubeconfig: kubeconfig.to_path_buf() };
+        let server = format!("{name}-policy-probe");
+        let object = serde_json::json!({
+            "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+            "metadata": {"name": server, "labels": {POLICY_PROBE_LABEL: name}},
+            "spec": {"systemUUID": format!("{:08x}-0000-4000-8000-{:012x}", rand::random::<u32>(), rand::random::<u64>() >> 16)},
+        });
+        let probe_file = bed.scratch.path().join(format!("{name}-policy-probe.json"));
+        std::fs::write(&probe_file, object.to_string()).unwrap();
+        assert_success(&bed.kubectl(kubeconfig, &["create", "-f", probe_file.to_str().unwrap()]), "create the probe");
         assert_success(&injected.kubectl(bed, "apply"), "apply the injected policy");
-        // The API server admits with the policies its informer has seen, a moment after the
-        // write; nothing tells when (no status without a controller manager on the bed).
-        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        let object = format!("servers.metal.ironcore.dev/{server}");
+        let change = r#"{"metadata":{"annotations":{"restatus-test/probed":"yes"}}}"#;
+        let probe = merge_patch(None, &object, change);
+        bed.wait_denied(kubeconfig, &probe, "injected fault", Duration::from_secs(60))
+            .await
+            .expect("the policy in force");
+        assert_success(&bed.kubectl(kubeconfig, &["delete", &object, "--wait=false"]), "delete the probe");
         injected
     }
 

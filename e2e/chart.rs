@@ -200,18 +200,23 @@ fn apply(bed: &Bed, kubeconfig: &Path, yaml: &str, extra: &[&str]) -> Output {
 }
 
 /// Applies one role of the chart and returns a kubeconfig with its ServiceAccount's token.
+/// A role with an admission policy waits for it with [`policy_in_force`] before its checks.
 fn deploy_role(bed: &Bed, kubeconfig: &Path, role: &str, sets: &[&str]) -> PathBuf {
     let yaml = render(RELEASE, sets);
     assert_success(&apply(bed, kubeconfig, &yaml, &[]), &format!("apply the chart's {role} role"));
-    if yaml.contains("kind: ValidatingAdmissionPolicy") {
-        // Admission policies take effect once they reach the API server's cache: a write
-        // checked before that would pass unchecked.
-        std::thread::sleep(std::time::Duration::from_secs(3));
-    }
     let account = format!("{RELEASE}-{role}");
     let token = bed.kubectl(kubeconfig, &["-n", RELEASE, "create", "token", &account]);
     assert_success(&token, "create token");
     bed.kubeconfig_with_token(kubeconfig, &account, stdout(&token).trim())
+}
+
+/// Waits until the role's admission policy is in force (it takes effect once it reaches the
+/// API server's cache: a write checked before that would pass unchecked): a spec change of
+/// `server` as the role (`kubeconfig`), sent as a dry run, is denied by it.
+async fn policy_in_force(bed: &Bed, kubeconfig: &Path, server: &str) {
+    let power_off = merge_patch(None, server, r#"{"spec":{"power":"Off"}}"#);
+    let within = std::time::Duration::from_secs(60);
+    bed.wait_denied(kubeconfig, &power_off, "may not change spec", within).await.unwrap();
 }
 
 #[tokio::test]
@@ -265,6 +270,7 @@ async fn chart_controller_role_writes_status_and_restatus_annotations_only() {
     let spec = FleetSpec::new(&unique("chart-ctl"), 1, 1, 1);
     fleet::create(&bed.target().await, &spec, 8).await.unwrap();
     let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
+    policy_in_force(&bed, &kubeconfig, &server).await;
     let mut denied = foreign_patches(&server);
     denied.extend([
         vec!["delete", &server],
@@ -330,6 +336,7 @@ async fn chart_source_role_sets_its_annotations_only() {
     assert_success(&bed.kubectl(&bed.source_kubeconfig, &["create", "-f", file.to_str().unwrap()]), "create Cluster");
 
     let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
+    policy_in_force(&bed, &kubeconfig, &server).await;
     let cluster = "clusters.cluster.x-k8s.io/workload";
     let mut denied = foreign_patches(&server);
     denied.extend([

@@ -203,6 +203,8 @@ async fn a_quiet_controller_keeps_its_watches_and_counts_no_error() {
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
 
+    // Nothing may happen over 75 s: longer than the 60 s read timeout that cut every quiet
+    // watch once a minute (each cut logged and counted), and than the minute between bookmarks.
     tokio::time::sleep(Duration::from_secs(75)).await;
     let (_, metrics) = controller.get("/metrics").await.unwrap();
     let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
@@ -346,13 +348,16 @@ async fn the_admission_policy_holds_in_another_namespace() {
     let spec = FleetSpec::new(&unique("nsx"), 1, 1, 0);
     fleet::create(&bed.target().await, &spec, 2).await.unwrap();
     let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
-    tokio::time::sleep(Duration::from_secs(2)).await; // the re-applied policy reaches the API server's cache
-    // The fleet's unclaimed server is powered off: this patch changes its spec.
-    let out = bed.kubectl(&as_controller, &merge_patch(None, &server, r#"{"spec":{"power":"On"}}"#));
+    // The fleet's unclaimed server is powered off: this patch changes its spec. The re-applied
+    // binding takes effect once it reaches the API server's cache: probed with dry runs.
+    let power_on = merge_patch(None, &server, r#"{"spec":{"power":"On"}}"#);
+    let in_force = bed.wait_denied(&as_controller, &power_on, "may not change spec", Duration::from_secs(60)).await;
+    let out = bed.kubectl(&as_controller, &power_on);
     let denied = stderr(&out);
     // Put the shipped namespace's bindings back before asserting, for the tests that follow.
     assert_success(&kubectl(&["apply", "-k", &format!("{manifests}/controller")]), "restore the bindings");
     let _ = kubectl(&["delete", "namespace", &ns, "--wait=false"]);
+    in_force.unwrap();
     assert!(denied.contains("may not change spec"), "the policy must hold in {ns}: {denied}");
 }
 
@@ -410,14 +415,26 @@ async fn writes_denied_for_30_seconds_are_retried_until_everything_is_restored_a
     )
     .await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    // The fault lasts 30 s (the row's duration, not a wait for something): over it every object
+    // fails again and again, its backoff growing 1, 2, 4, 8, 16 s.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let state = fleet_state(&bed.target().await, &spec.name).await;
     assert!(state.values().all(|(status, _)| status.is_null()), "the fault held: nothing restored yet");
     let (_, metrics) = controller.get("/metrics").await.unwrap();
     assert!(metric(&metrics, "restatus_objects_retrying") >= 1.0, "{metrics}");
+    // Each object failed more than once: it backs off, it does not give up after the first.
+    let objects = state.len() as f64;
+    assert!(metric(&metrics, "restatus_errors_total") > objects, "retried: {metrics}");
 
     deny.remove(&bed);
-    let took = wait_restored(&bed, &spec.name, Duration::from_secs(60)).await;
+    // The fault has cleared once the API server no longer enforces the policy (a dry-run
+    // update of a fleet object is admitted). From then on each object is tried again when its
+    // current backoff step ends: at most one step, and no step is longer than MAX_RETRY.
+    let server = format!("servers.metal.ironcore.dev/{}", spec.server_name(0));
+    let probe = merge_patch(None, &server, r#"{"metadata":{"annotations":{"restatus-test/probed":"yes"}}}"#);
+    bed.wait_allowed(&bed.target_kubeconfig, &probe, Duration::from_secs(60)).await.unwrap();
+    let one_step = restatus::controller::retry::MAX_RETRY + Duration::from_secs(15); // + the writes themselves
+    let took = wait_restored(&bed, &spec.name, one_step).await;
     eprintln!("restored and released {took:?} after the fault cleared");
     let (_, metrics) = controller.get("/metrics").await.unwrap();
     assert_eq!(metric(&metrics, "restatus_objects_retrying"), 0.0, "{metrics}");
@@ -491,8 +508,19 @@ async fn a_leader_killed_mid_restore_is_replaced_and_nothing_is_written_twice() 
     // 700 ms, which on a slow machine could come before the first write or after the last).
     wait_some_restored(&bed.target().await, &spec.name, 5, Duration::from_secs(60)).await;
     leader.child.kill().unwrap();
+    leader.child.wait().unwrap();
+    // Work is provably left when the leader dies: read after its death, objects without status
+    // (nothing of a dead process writes any more). Were there none, the standby would only
+    // have had releases to do, and the test would not show a takeover mid-restore.
+    let at_death = fleet_state(&bed.target().await, &spec.name).await;
+    let left = at_death.values().filter(|(status, _)| status.is_null()).count();
+    assert!(left > 0, "the leader had restored all {} objects before it was killed", at_death.len());
+    eprintln!("{left} of {} objects left without status when the leader died", at_death.len());
     let took = wait_restored(&bed, &spec.name, Duration::from_secs(90)).await;
     eprintln!("the standby finished the restore {took:?} after the leader was killed");
+    let (_, metrics) = standby.get("/metrics").await.unwrap();
+    let restored_by_standby = metric(&metrics, "restatus_decisions_total{verdict=\"restore\"}");
+    assert!(restored_by_standby >= left as f64, "the standby restored what was left ({left}): {metrics}");
 
     let events = bed.kubectl(&bed.target_kubeconfig, &["get", "events.events.k8s.io", "-A", "-o", "json"]);
     assert_success(&events, "kubectl get events");
@@ -702,11 +730,7 @@ async fn a_kind_forbidden_by_the_shipped_rbac_is_reported_and_the_rest_is_restor
 async fn the_snapshot_refresh_downloads_each_payload_once() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
-    let endpoint = std::env::var("S3_ENDPOINT").expect("S3_ENDPOINT");
-    let upstream = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
-    assert!(!upstream.contains("://"), "the counting proxy speaks plain http only: {endpoint}");
-    let proxy = CountingProxy::start(&upstream).await;
-    let proxied = format!("http://127.0.0.1:{}", proxy.port);
+    let (proxy, proxied) = CountingProxy::for_s3().await;
 
     let spec = FleetSpec::new(&unique("gets"), 2, 2, 1);
     fleet::create(&bed.source().await, &spec, 4).await.unwrap();
@@ -766,6 +790,95 @@ async fn the_snapshot_refresh_downloads_each_payload_once() {
     assert!(!store.manifest(&newest.id).await.unwrap().is_consistent(), "the newest snapshot is inconsistent");
     refreshes(&lists, 6).await;
     assert_eq!(payload_gets(), 2, "nothing downloaded for an inconsistent newer snapshot: {:?}", proxy.requests());
+    assert!(controller.stop().await.success());
+}
+
+/// F65: the store stops answering (a proxy in front of S3 that stops forwarding) while the
+/// controller refreshes its snapshot. The refresh fails after `--snapshot-timeout` with an
+/// error that says so, counted in `restatus_errors_total`; the snapshot in use is kept and
+/// nothing on the cluster is written (every object's resourceVersion is what it was). When the
+/// proxy forwards again, the next refresh takes up a new snapshot. Before, the refresh waited
+/// for the object store's own timeouts and retries (30 s and more), with the controller's loop.
+#[tokio::test]
+async fn a_store_that_stops_answering_during_a_refresh_fails_it_in_time_and_nothing_is_rewritten() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (proxy, proxied) = CountingProxy::for_s3().await;
+    let spec = FleetSpec::new(&unique("stall"), 2, 2, 1);
+    let (selector, storage) = backed_up(&bed, &spec, 4).await;
+    let lease_ns = lease_namespace(&bed).await;
+    let env = [("S3_ENDPOINT", proxied.as_str()), ("AWS_ENDPOINT_URL_S3", proxied.as_str())];
+    let extra = ["--snapshot-refresh", "1s", "--snapshot-timeout", "3s"];
+    let controller =
+        Controller::start_env(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, &extra, &env);
+    controller.wait_ready().await;
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+    let versions = || async {
+        let target = bed.target().await;
+        let profile = Profile::metal_operator();
+        let mut versions = std::collections::BTreeMap::new();
+        for kind in ["BMC", "Server", "ServerClaim"] {
+            let api = restatus::k8s::api_for(&target, profile.kind(kind).unwrap(), None);
+            for o in api.list(&kube::api::ListParams::default().labels(&selector)).await.unwrap() {
+                versions.insert(format!("{kind} {}", o.metadata.name.unwrap()), o.metadata.resource_version.unwrap());
+            }
+        }
+        versions
+    };
+    let before = versions().await;
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    let (errors_before, in_use) =
+        (metric(&metrics, "restatus_errors_total"), metric(&metrics, "restatus_snapshot_timestamp_seconds"));
+
+    proxy.hold();
+    let stalled = Instant::now();
+    let failed = "snapshot refresh failed; keeping the snapshot in use";
+    let deadline = stalled + Duration::from_secs(30);
+    let log = loop {
+        let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+        if log.contains(failed) {
+            break log;
+        }
+        assert!(Instant::now() < deadline, "no failed refresh within 30 s of the stall:\n{log}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The first refresh after the hold fails by the refresh timeout (3 s), not by the object
+    // store's own (30 s); a refresh already past its reads when the hold began may succeed first.
+    assert!(stalled.elapsed() < Duration::from_secs(10), "took {:?}", stalled.elapsed());
+    assert!(log.contains("did not finish within 3s; the store stopped answering"), "{log}");
+    assert!(log.contains(&proxied), "the error names the store: {log}");
+    let (_, metrics) = controller.get("/metrics").await.unwrap();
+    assert!(metric(&metrics, "restatus_errors_total") > errors_before, "counted: {metrics}");
+    assert_eq!(metric(&metrics, "restatus_snapshot_timestamp_seconds"), in_use, "the snapshot in use is kept");
+    // While the store is silent the controller goes on: a wiped status comes back from the
+    // snapshot in use.
+    let wiped = spec.server_name(1);
+    wipe_status(&bed, &wiped).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+
+    proxy.resume();
+    // A new snapshot is taken up once the store answers again (snapshot ids have second
+    // precision: the backup is taken at least a second after the one in use).
+    let second = Instant::now();
+    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "second backup");
+    let deadline = second + Duration::from_secs(60);
+    loop {
+        let (_, metrics) = controller.get("/metrics").await.unwrap_or_default();
+        if metric(&metrics, "restatus_snapshot_timestamp_seconds") > in_use {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new snapshot was not taken up within 60 s of the resume: {metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nothing was written but the wiped status (and its quiesce and release).
+    let after = versions().await;
+    let wiped = format!("Server {wiped}");
+    let rewritten: Vec<_> =
+        before.iter().filter(|(name, rv)| **name != wiped && after.get(*name) != Some(rv)).collect();
+    assert!(rewritten.is_empty(), "written during or after the stall: {rewritten:?}");
+    let state = fleet_state(&bed.target().await, &spec.name).await;
+    assert!(state.values().all(|(_, a)| !a.contains_key(QUIESCED_BY_ANNOTATION)), "nothing left quiesced");
     assert!(controller.stop().await.success());
 }
 
@@ -936,7 +1049,8 @@ async fn a_kind_whose_crd_arrives_after_the_controller_started_gets_its_status_o
     let annotations = restored.metadata.annotations.unwrap_or_default();
     assert!(!annotations.contains_key(OPERATION_ANNOTATION), "left quiesced: {annotations:?}");
     // Written once: the loop wrote it some 15 times a second; 10 s without a second
-    // "status restored" for it shows the loop is gone.
+    // "status restored" for it shows the loop is gone (the window also holds five snapshot
+    // refreshes at 2 s and ten retry ticks at 1 s, each of which would have written again).
     tokio::time::sleep(Duration::from_secs(10)).await;
     let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
     let writes = log.lines().filter(|l| l.contains("status restored") && l.contains("Widget")).count();

@@ -368,9 +368,9 @@ async fn a_restore_interrupted_by_an_api_server_restart_is_completed_by_the_reru
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Let it write a while (one object at a time, so it is still writing on a busy machine),
-    // then kill the target API server hard and bring it back.
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // Once it is provably writing (objects restored, one at a time, so most are still to
+    // come), kill the target API server hard and bring it back.
+    wait_some_restored(&s.bed.target().await, &s.spec.name, 3, std::time::Duration::from_secs(60)).await;
     let restart = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/testbed"))
         .args(["restart-apiserver", "target", "--hard"])
         .output()

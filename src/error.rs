@@ -69,6 +69,10 @@ pub enum Error {
         source: object_store::Error,
     },
 
+    /// The object store did not finish `what` in time (it stopped answering).
+    #[error("object store {location}: {what} did not finish within {}s; the store stopped answering", after.as_secs_f64())]
+    StoreTimeout { location: String, what: String, after: std::time::Duration },
+
     #[error("Kubernetes API: {context}: {source}")]
     Kube {
         context: String,
@@ -128,6 +132,7 @@ impl Error {
             Error::Cron { .. } => "cron",
             Error::StorageUrl { .. } => "storage_url",
             Error::Store { .. } => "store",
+            Error::StoreTimeout { .. } => "store_timeout",
             Error::Kube { .. } => "kube",
             Error::Kubeconfig { .. } => "kubeconfig",
             Error::InvalidObject { .. } => "invalid_object",

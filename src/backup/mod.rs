@@ -158,4 +158,88 @@ mod tests {
             .unwrap();
         assert_eq!(names, ["a", "b", "c"]);
     }
+
+    /// The API server of a capture that straddles a claim binding `attempts` times: Server s1
+    /// is listed `Available` (before the operator made it Reserved), then claim c1 is listed
+    /// Bound to it. When `settles`, the capture after those lists s1 `Reserved`.
+    async fn straddled(api: &mut api::Handle, attempts: usize, settles: bool) {
+        let server = |state: &str| {
+            let mut s1 = api::server("s1", Some(&serde_json::json!({"state": state})));
+            s1["spec"]["serverClaimRef"] = serde_json::json!({"namespace": "a", "name": "c1"});
+            serde_json::json!({"kind": "ServerList", "metadata": {"continue": ""}, "items": [s1]}).to_string()
+        };
+        let claims = serde_json::json!({"kind": "ServerClaimList", "metadata": {"continue": ""}, "items": [{
+            "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+            "metadata": {"name": "c1", "namespace": "a", "uid": "uid-c1", "resourceVersion": "1"},
+            "spec": {"serverRef": {"name": "s1"}}, "status": {"phase": "Bound"}}]})
+        .to_string();
+        let states = std::iter::repeat_n("Available", attempts).chain(settles.then_some("Reserved"));
+        for state in states {
+            let (_, path, _) = answer(api, http::StatusCode::OK, server(state)).await;
+            assert!(path.ends_with("/servers"), "{path}");
+            let (_, path, _) = answer(api, http::StatusCode::OK, claims.clone()).await;
+            assert!(path.ends_with("/serverclaims"), "{path}");
+        }
+        let kube_system = r#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":{"name":"kube-system","uid":"cluster-uid-1"}}"#;
+        answer(api, http::StatusCode::OK, kube_system.into()).await;
+    }
+
+    fn servers_and_claims(attempts: u32) -> BackupOptions {
+        let metal = Profile::metal_operator();
+        let kinds = vec![metal.kind("Server").unwrap().clone(), metal.kind("ServerClaim").unwrap().clone()];
+        let profile = Profile { kinds, ..metal };
+        BackupOptions {
+            capture_attempts: attempts,
+            retry_delay: std::time::Duration::from_millis(1),
+            ..BackupOptions::new(profile)
+        }
+    }
+
+    /// F14: a capture that straddles a binding is not written; it is taken again, and the
+    /// snapshot written is the consistent second capture, which says it took two.
+    #[tokio::test]
+    async fn a_capture_that_straddles_a_binding_is_taken_again_and_the_retake_is_written() {
+        let (client, handle) = api::client();
+        let server = tokio::spawn(async move {
+            let mut api = handle;
+            straddled(&mut api, 1, true).await;
+        });
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let manifest = run(&client, &store, &servers_and_claims(3)).await.unwrap();
+        server.await.unwrap();
+        let consistency = manifest.consistency.clone().expect("a consistency verdict");
+        assert!(consistency.consistent, "{consistency:?}");
+        assert_eq!(consistency.attempts, 2, "the straddled capture was taken again, once");
+        let mut states = vec![];
+        store
+            .load(&manifest.snapshot_id, |r| {
+                let status: serde_json::Value = serde_json::from_str(r.status.get()).unwrap();
+                states.push((r.name.clone(), Some(status["state"].clone())));
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert!(states.contains(&("s1".into(), Some(serde_json::json!("Reserved")))), "the retake's s1: {states:?}");
+        assert_eq!(store.list().await.unwrap().iter().filter(|e| e.complete).count(), 1, "one snapshot written");
+    }
+
+    /// F14 when the binding never settles within the attempts: the last capture is written,
+    /// marked inconsistent with the reason naming the claim and its Server, and the attempts.
+    #[tokio::test]
+    async fn a_capture_that_straddles_a_binding_every_time_is_written_marked_inconsistent() {
+        let (client, handle) = api::client();
+        let server = tokio::spawn(async move {
+            let mut api = handle;
+            straddled(&mut api, 2, false).await;
+        });
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let manifest = run(&client, &store, &servers_and_claims(2)).await.unwrap();
+        server.await.unwrap();
+        assert!(!manifest.is_consistent(), "marked inconsistent: restore skips it unless allowed");
+        let consistency = manifest.consistency.clone().expect("a consistency verdict");
+        assert_eq!(consistency.attempts, 2);
+        let reasons: Vec<String> = consistency.reasons.iter().map(|r| format!("{}: {}", r.object, r.reason)).collect();
+        assert_eq!(reasons, ["ServerClaim a/c1: Bound to Server s1, which is \"Available\", not Reserved"]);
+        assert_eq!(store.list().await.unwrap().iter().filter(|e| e.complete).count(), 1, "one snapshot written");
+    }
 }

@@ -170,6 +170,7 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
         allow_same_cluster: args.allow_same_cluster,
         concurrency: args.concurrency.max(1),
         snapshot_refresh: args.snapshot_refresh,
+        snapshot_timeout: args.snapshot_timeout,
         batch_window: Duration::from_millis(50),
     };
     let election = Election {

@@ -173,6 +173,10 @@ pub struct ControllerArgs {
     /// How often to look for a newer snapshot.
     #[arg(long, default_value = "60s", value_parser = positive_duration)]
     pub snapshot_refresh: Duration,
+    /// How long one snapshot refresh may take (listing, manifests, a payload's download): a
+    /// store that stops answering fails it, and the snapshot in use is kept.
+    #[arg(long, default_value = "2m", value_parser = positive_duration)]
+    pub snapshot_timeout: Duration,
     /// Overwrite live statuses that moved on after the snapshot.
     #[arg(long)]
     pub force: bool,
@@ -308,6 +312,7 @@ mod tests {
     fn zero_durations_are_refused_before_anything_runs() {
         for flags in [
             &["restatus", "controller", "--snapshot-refresh", "0s"][..],
+            &["restatus", "controller", "--snapshot-timeout", "0s"],
             &["restatus", "controller", "--role", "source", "--interval", "0s"],
             &["restatus", "preflight", "--wait", "--timeout", "0s"],
         ] {

@@ -34,7 +34,7 @@ use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_obje
 use crate::moving::handshake::Handshake;
 use crate::restore::Applier;
 use crate::restore::plan::{self, PlanInput, Verdict};
-use crate::store::{Accept, SnapshotStore, choose_newer, choose_snapshot};
+use crate::store::{Accept, Loaded, SnapshotStore, choose_newer, choose_snapshot};
 use crate::{Error, Result};
 use index::{LiveIndex, SnapshotIndex, Uid};
 use metrics::Metrics;
@@ -51,6 +51,9 @@ pub struct ControllerOptions {
     pub concurrency: usize,
     /// How often to look for a newer snapshot.
     pub snapshot_refresh: Duration,
+    /// How long one refresh (listing, manifests, a payload's download) may take: a store that
+    /// stops answering fails the refresh, and the snapshot in use is kept.
+    pub snapshot_timeout: Duration,
     /// How long to gather events into one batch.
     pub batch_window: Duration,
 }
@@ -303,13 +306,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
 
 /// Loads the newest good snapshot if it is not the one in use. True when it changed. The
 /// listing and the manifests are read first: the payload of the snapshot in use, or of an
-/// inconsistent one, is not downloaded again.
+/// inconsistent one, is not downloaded again. A refresh that takes longer than
+/// `snapshot_timeout` (a store that stopped answering) is an error, counted and logged; the
+/// snapshot in use stays, and the next refresh tries again.
 async fn refresh_snapshot(ctx: &Context) -> bool {
     let current = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
-    let chosen = match &current {
-        Some(current) => choose_newer(&ctx.store, current, ctx.accept().await).await,
-        None => choose_snapshot(&ctx.store, None, ctx.accept().await).await.map(Some),
-    };
+    let chosen = newer_snapshot(ctx, current.as_ref()).await;
     match chosen {
         Ok(Some(loaded)) => {
             info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), "using snapshot");
@@ -320,10 +322,34 @@ async fn refresh_snapshot(ctx: &Context) -> bool {
         Ok(None) => false,
         Err(e) => {
             ctx.metrics.errors.inc();
-            warn!(error = %e, "no snapshot to restore from yet");
+            match &current {
+                Some(current) => {
+                    warn!(error = %e, snapshot = %current, "snapshot refresh failed; keeping the snapshot in use")
+                }
+                None => warn!(error = %e, "no snapshot to restore from yet"),
+            }
             false
         }
     }
+}
+
+/// The snapshot to use instead of `current` (any, when `None`), read within `snapshot_timeout`.
+async fn newer_snapshot(ctx: &Context, current: Option<&crate::format::SnapshotId>) -> Result<Option<Loaded>> {
+    let accept = ctx.accept().await;
+    let chosen = async {
+        match current {
+            Some(current) => choose_newer(&ctx.store, current, accept).await,
+            None => choose_snapshot(&ctx.store, None, accept).await.map(Some),
+        }
+    };
+    let timeout = ctx.options.snapshot_timeout;
+    tokio::time::timeout(timeout, chosen).await.unwrap_or_else(|_| {
+        Err(Error::StoreTimeout {
+            location: ctx.store.location().to_string(),
+            what: "the snapshot refresh".into(),
+            after: timeout,
+        })
+    })
 }
 
 /// Plans and applies every dirty object, kinds in profile order. Returns each object's uid
@@ -570,8 +596,11 @@ mod tests {
     use crate::fixtures::{self, uuid};
 
     fn context() -> Arc<Context> {
+        context_on(SnapshotStore::open("memory://", "c").unwrap(), Duration::from_secs(120))
+    }
+
+    fn context_on(store: SnapshotStore, snapshot_timeout: Duration) -> Arc<Context> {
         let (client, _api) = fixtures::api::client();
-        let store = SnapshotStore::open("memory://", "c").unwrap();
         let options = ControllerOptions {
             profile: Profile::metal_operator(),
             selector: None,
@@ -580,6 +609,7 @@ mod tests {
             allow_same_cluster: false,
             concurrency: 1,
             snapshot_refresh: Duration::from_secs(60),
+            snapshot_timeout,
             batch_window: Duration::from_millis(10),
         };
         Context::new(client, store, options)
@@ -631,5 +661,48 @@ mod tests {
         assert!(ctx.unavailable_kinds().is_empty(), "picked up when it can be listed");
         ctx.leading.store(false, Ordering::Relaxed);
         assert!(ctx.is_ready(), "a standby is ready");
+    }
+
+    /// F65: the S3 endpoint accepts connections and never answers (a proxy that stopped
+    /// forwarding). Without the refresh's own timeout the refresh waited for the object
+    /// store's request timeout and retries (30 s and more), and the controller's loop with it.
+    #[tokio::test]
+    async fn a_refresh_from_a_store_that_stops_answering_times_out_and_keeps_the_snapshot_in_use() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", silent.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut connections = vec![];
+            while let Ok((connection, _)) = silent.accept().await {
+                connections.push(connection); // held open, never answered
+            }
+        });
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&endpoint)
+            .with_allow_http(true)
+            .with_bucket_name("b")
+            .with_region("us-east-1")
+            .with_access_key_id("k")
+            .with_secret_access_key("s")
+            .build()
+            .unwrap();
+        let store = SnapshotStore::new(Arc::new(s3), "p", "c", format!("s3://b/p at {endpoint}")).unwrap();
+        let ctx = context_on(store, Duration::from_millis(300));
+        let at = jiff::Timestamp::now();
+        let in_use = crate::format::SnapshotId::new(at);
+        let index = SnapshotIndex::new(fixtures::manifest(in_use.clone(), at), Records::from_records(vec![]));
+        *ctx.snapshot.write().await = Some(Arc::new(index));
+
+        let started = Instant::now();
+        let err = newer_snapshot(&ctx, Some(&in_use)).await.err().expect("a store that does not answer fails");
+        assert!(started.elapsed() < Duration::from_secs(5), "bounded by the refresh timeout: {:?}", started.elapsed());
+        assert!(matches!(err, Error::StoreTimeout { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains(&endpoint) && message.contains("did not finish within 0.3s"), "{message}");
+
+        assert!(!refresh_snapshot(&ctx).await, "nothing new");
+        assert_eq!(ctx.metrics.errors.get(), 1, "counted");
+        let kept = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
+        assert_eq!(kept, Some(in_use), "the snapshot in use is kept");
+        held.abort();
     }
 }
