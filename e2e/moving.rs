@@ -924,3 +924,90 @@ async fn a_source_leader_killed_in_the_middle_of_its_quiesce_releases_everything
     let _ = Command::new("kill").arg("-TERM").arg(survivor.0.id().to_string()).status();
     assert!(survivor.0.wait().unwrap().success());
 }
+
+/// F62: a status moves on between the final snapshot and the quiesce (metal-operator acted
+/// after the capture: a power change). The quiesce of one Server is held back (an admission
+/// policy refuses restatus's `ignore` on it) while its status changes, as metal-operator's
+/// would; then the policy goes. The quiesce sees that the Server's status is not the final
+/// snapshot's, and takes the final snapshot again, of objects that can no longer change: the
+/// move goes with the status the Server has (before: with the one the first snapshot holds,
+/// and the target would have got the machine's old power state back).
+#[tokio::test]
+async fn a_status_that_moves_on_before_the_quiesce_is_in_the_final_snapshot() {
+    let fx = Fixture::new(4, 2, 0).await;
+    let stuck = fx.fleet.server_name(2);
+    let name = format!("{}-late", fx.fleet.name);
+    let the_stuck_server = format!("object.metadata.name == '{stuck}'");
+    let unquiesced =
+        format!("!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)");
+    let policy = InjectedPolicy::deny_updates(
+        &fx.bed,
+        &fx.bed.source_kubeconfig,
+        &name,
+        "[servers]",
+        &the_stuck_server,
+        &unquiesced,
+    )
+    .await;
+    let (handshake, _, log) = fx.replica(&unique("src-lease"));
+    let logs = [log.as_path()];
+    let source = fx.bed.source().await;
+    let clusters = cluster_api(&source, &fx.ns);
+    let servers = api(&source, "metal.ironcore.dev/v1alpha1", "Server", "servers", None);
+    let annotation =
+        |c: &DynamicObject, key: &str| c.metadata.annotations.clone().unwrap_or_default().get(key).cloned();
+    let final_snapshot = restatus::domain::annotations::FINAL_SNAPSHOT_ANNOTATION;
+    wait_for_logged("block-move on the Cluster", Duration::from_secs(60), &logs, async || {
+        annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).as_deref() == Some("restatus")
+    })
+    .await;
+
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": true}})))
+        .await
+        .unwrap();
+    wait_for_logged("the final snapshot taken and the quiesce held back", Duration::from_secs(60), &logs, async || {
+        let state = fleet_state(&source, &fx.fleet.name).await;
+        let quiesced = state.values().filter(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION)).count();
+        annotation(&clusters.get("workload").await.unwrap(), final_snapshot).is_some() && quiesced >= 4
+    })
+    .await;
+    let first = annotation(&clusters.get("workload").await.unwrap(), final_snapshot).unwrap();
+    // The machine is powered off meanwhile, as metal-operator would record it.
+    let before = servers.get(&stuck).await.unwrap().data["status"]["powerState"].clone();
+    let after = if before == "On" { "Off" } else { "On" };
+    let power = json!({"status": {"powerState": after}});
+    servers.patch_status(&stuck, &PatchParams::default(), &Patch::Merge(&power)).await.unwrap();
+    policy.remove(&fx.bed);
+
+    wait_for_logged("block-move removed", Duration::from_secs(60), &logs, async || {
+        annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).is_none()
+    })
+    .await;
+    let cluster = clusters.get("workload").await.unwrap();
+    let last = annotation(&cluster, final_snapshot).expect("the final snapshot on the Cluster");
+    assert_ne!(last, first, "the final snapshot was taken again");
+    let store = fx.bed.store(&fx.storage, &fx.fleet.name);
+    let power_in = async |id: &str| {
+        let mut power = Value::Null;
+        store
+            .load(&id.parse().unwrap(), |r| {
+                if r.kind == "Server" && r.name == stuck {
+                    power = serde_json::from_str::<Value>(r.status.get()).unwrap()["powerState"].clone();
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        power
+    };
+    assert_eq!(power_in(&first).await, before, "the first final snapshot holds the old power state");
+    assert_eq!(power_in(&last).await, after, "the move goes with the power state the machine has");
+    let manifest = store.manifest(&last.parse().unwrap()).await.unwrap();
+    assert!(manifest.is_consistent());
+    let state = fleet_state(&source, &fx.fleet.name).await;
+    assert!(state.values().all(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION)), "every object quiesced: {state:?}");
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.contains("statuses moved on between the final snapshot and the quiesce"), "{logged}");
+    let _ = Command::new("kill").arg("-TERM").arg(handshake.0.id().to_string()).status();
+}

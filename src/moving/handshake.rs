@@ -11,14 +11,18 @@
 //!    leader change or a failed step), sets
 //!    metal-operator's `ignore` (marked as restatus's) on the profile's objects, so they arrive
 //!    on the target quiesced, then removes `block-move`: the move proceeds with a snapshot that
-//!    is fresh by construction. If not, `block-move` stays, a Warning Event on each Cluster and
-//!    the log say why, and it tries again.
+//!    is fresh by construction. The quiesce compares each status it sees with the final
+//!    snapshot's; one that moved on in between (metal-operator acted after the capture) makes
+//!    it take the final snapshot again, now of quiesced objects. If a final snapshot is not
+//!    consistent, `block-move` stays, a Warning Event on each Cluster and the log say why, and
+//!    it tries again (after removing its `ignore`, when it had quiesced already).
 //! 3. When the Clusters are unpaused again and still here (the move was aborted), it removes
 //!    the `ignore` it set and blocks again. When they are gone (the move completed), the
 //!    cluster-scoped copies clusterctl leaves behind stay ignored: two metal-operators must
 //!    not drive the same hardware.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -29,11 +33,13 @@ use tracing::{info, warn};
 use crate::backup::{self, BackupOptions};
 use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, FINAL_SNAPSHOT_ANNOTATION, QUIESCED_BY_ANNOTATION};
 use crate::domain::identity::KindProfile;
+use crate::domain::live::LiveObject;
 use crate::domain::object::RawObject;
 use crate::format::Manifest;
 use crate::k8s::{Annotated, annotate, events, get_object, list_objects};
 use crate::moving::cluster::{self, ClusterView};
-use crate::store::SnapshotStore;
+use crate::moving::preflight::{Against, Staleness};
+use crate::store::{Accept, Loaded, SnapshotStore, choose_snapshot};
 use crate::{Error, Result, TOOL_NAME};
 
 /// The handshake's memory between two steps. It is also written on the paused Clusters (their
@@ -171,16 +177,68 @@ impl Handshake {
     }
 
     /// Quiesces every object not quiesced yet (all of them after the final snapshot; the rest
-    /// after a failed quiesce or a leader change), then lets the move go.
-    async fn unblock(&self, clusters: &[ClusterView], phase: &Phase) -> Result<()> {
-        let quiesced = self.quiesce().await?;
+    /// after a failed quiesce or a leader change), then lets the move go with a final snapshot
+    /// that holds every status as it was quiesced: the statuses the quiesce saw are compared
+    /// with the final snapshot's, and when one moved on in between (metal-operator acted after
+    /// the capture) the snapshot is taken again, of objects that can no longer change.
+    async fn unblock(&self, clusters: &[ClusterView], phase: &mut Phase) -> Result<()> {
+        let loaded = match &phase.final_snapshot {
+            Some(id) => self.load(id).await,
+            None => None,
+        };
+        let against = loaded.as_ref().map(|l| Against::new(&l.records));
+        let (quiesced, moved) = self.quiesce(against.as_ref()).await?;
         info!(quiesced, snapshot = ?phase.final_snapshot, "objects quiesced");
+        if (loaded.is_none() || !moved.is_empty()) && !self.retake(clusters, phase, &moved).await? {
+            return Ok(());
+        }
         for c in clusters {
             let annotations = json!({ BLOCK_MOVE_ANNOTATION: null, FINAL_SNAPSHOT_ANNOTATION: phase.final_snapshot });
             self.annotate_cluster(c, annotations).await?;
             info!(cluster = %format!("{}/{}", c.namespace, c.name), snapshot = ?phase.final_snapshot, "block-move removed: the move may proceed");
         }
         Ok(())
+    }
+
+    /// The final snapshot, read back and verified; `None` (logged) when it cannot be: then
+    /// nothing shows its statuses are the quiesced ones, and it is taken again.
+    async fn load(&self, id: &str) -> Option<Loaded> {
+        let accept = Accept { inconsistent: false, this_cluster: None, same_cluster: true };
+        let loaded = match id.parse() {
+            Ok(id) => choose_snapshot(&self.store, Some(&id), &accept).await,
+            Err(e) => Err(e),
+        };
+        loaded.inspect_err(|e| warn!(snapshot = id, error = %e, "cannot read the final snapshot back")).ok()
+    }
+
+    /// Takes the final snapshot again, now that every object is quiesced: the statuses of
+    /// `moved` changed after the first one was captured. True when it is consistent (it is then
+    /// the final snapshot, on the Clusters too). When it is not (an object was quiesced in the
+    /// middle of settling), restatus's ignore is removed so that metal-operator finishes, and
+    /// the handshake starts over with a new final snapshot; block-move stays.
+    async fn retake(&self, clusters: &[ClusterView], phase: &mut Phase, moved: &BTreeSet<String>) -> Result<bool> {
+        let first: Vec<&String> = moved.iter().take(5).collect();
+        info!(moved = moved.len(), objects = ?first, snapshot = ?phase.final_snapshot,
+            "statuses moved on between the final snapshot and the quiesce (or it cannot be read back): taking it again");
+        let manifest = backup::run(&self.client, &self.store, &self.backup).await?;
+        if manifest.is_consistent() {
+            info!(snapshot = %manifest.snapshot_id, "final snapshot taken again, of quiesced objects; it is consistent");
+            phase.final_snapshot = Some(manifest.snapshot_id.to_string());
+            for c in clusters {
+                self.annotate_cluster(c, json!({ FINAL_SNAPSHOT_ANNOTATION: phase.final_snapshot })).await?;
+                self.event(c, EventType::Normal, "FinalSnapshot", final_note(&manifest)).await;
+            }
+            return Ok(true);
+        }
+        let released = self.release().await?;
+        let note = blocked_note(&manifest);
+        warn!(snapshot = %manifest.snapshot_id, released, "{note}");
+        for c in clusters {
+            self.event(c, EventType::Warning, "MoveBlocked", note.clone()).await;
+            self.annotate_cluster(c, json!({ FINAL_SNAPSHOT_ANNOTATION: null })).await?;
+        }
+        *phase = Phase::default();
+        Ok(false)
     }
 
     async fn clusters(&self) -> Result<Vec<ClusterView>> {
@@ -194,29 +252,45 @@ impl Handshake {
     }
 
     /// Sets restatus's `ignore` on every profile object not quiesced already (keeping any
-    /// other operation value for the release). Returns how many.
-    async fn quiesce(&self) -> Result<usize> {
-        self.for_each_object(|a| (!annotations::is_quiesced(a)).then(|| annotations::quiesce_annotations(a))).await
+    /// other operation value for the release). Returns how many, and the objects whose status
+    /// (as the quiesce saw it) is not the one `final_snapshot` holds for them.
+    async fn quiesce(&self, final_snapshot: Option<&Against<'_>>) -> Result<(usize, BTreeSet<String>)> {
+        let moved = Mutex::new(BTreeSet::new());
+        let seen = |kind: &KindProfile, object: &RawObject<'_>| {
+            let object = LiveObject::from_raw(kind, object);
+            if final_snapshot.is_some_and(|s| s.compare(&object) == Some(Staleness::Changed)) {
+                moved.lock().unwrap_or_else(|e| e.into_inner()).insert(object.object_ref().to_string());
+            }
+        };
+        let quiesce =
+            |a: &BTreeMap<String, String>| (!annotations::is_quiesced(a)).then(|| annotations::quiesce_annotations(a));
+        let count = self.for_each_object(quiesce, seen).await?;
+        Ok((count, moved.into_inner().unwrap_or_else(|e| e.into_inner())))
     }
 
     /// Removes the `ignore` restatus set, putting back what it replaced. Returns how many.
     async fn release(&self) -> Result<usize> {
-        self.for_each_object(|a| a.contains_key(QUIESCED_BY_ANNOTATION).then(|| annotations::release_annotations(a)))
-            .await
+        let release = |a: &BTreeMap<String, String>| {
+            a.contains_key(QUIESCED_BY_ANNOTATION).then(|| annotations::release_annotations(a))
+        };
+        self.for_each_object(release, |_: &KindProfile, _: &RawObject<'_>| {}).await
     }
 
     /// Patches the annotations of every profile object for which `changes` has any, each on
     /// the version it was listed at: when the object changed in between (metal-operator
     /// consumed a power reset, a person parked it), it is read again and `changes` decided
     /// again on what it carries now, so an operation already done is never kept for a replay.
+    /// Each object as listed, and as read again after a conflict, is shown to `seen`.
     async fn for_each_object(
         &self,
         changes: impl Fn(&BTreeMap<String, String>) -> Option<Map<String, Value>>,
+        seen: impl Fn(&KindProfile, &RawObject<'_>),
     ) -> Result<usize> {
         let mut count = 0;
         for kind in self.backup.profile.kinds.iter().filter(|k| !k.is_denied()) {
             let mut targets: Vec<Target> = Vec::new();
             list_objects(&self.client, kind, &self.backup.page(), |object| {
+                seen(kind, object);
                 if let Some(changes) = changes(&object.meta.annotations.clone().unwrap_or_default()) {
                     targets.push(Target::of(object, changes));
                 }
@@ -224,7 +298,7 @@ impl Handshake {
             })
             .await?;
             for target in targets {
-                if self.annotate_object(kind, target, &changes).await? {
+                if self.annotate_object(kind, target, &changes, &seen).await? {
                     count += 1;
                 }
             }
@@ -238,6 +312,7 @@ impl Handshake {
         kind: &KindProfile,
         mut target: Target,
         changes: &impl Fn(&BTreeMap<String, String>) -> Option<Map<String, Value>>,
+        seen: &impl Fn(&KindProfile, &RawObject<'_>),
     ) -> Result<bool> {
         let namespace = target.namespace.clone();
         for _ in 0..CONFLICT_RETRIES {
@@ -259,6 +334,7 @@ impl Handshake {
                 name: target.name.clone(),
                 reason: e.to_string(),
             })?;
+            seen(kind, &object);
             match changes(&object.meta.annotations.clone().unwrap_or_default()) {
                 Some(now) => target = Target::of(&object, now),
                 None => return Ok(false),
@@ -405,20 +481,29 @@ mod tests {
     /// Issue 21, item 5 (F57): metal-operator consumes a power reset between the handshake's
     /// listing and its quiesce. The quiesce is conditional on the listed version: it conflicts,
     /// the Server is read again, and the ignore is set without keeping the reset in
-    /// `operation-was` (the target's release would have replayed it: a second reset).
+    /// `operation-was` (the target's release would have replayed it: a second reset). The
+    /// reset changed the Server's status after the final snapshot: the quiesce names it as
+    /// moved on, so the final snapshot is taken again (F62).
     #[tokio::test]
     async fn a_reset_consumed_between_the_listing_and_the_quiesce_is_not_kept_for_a_replay() {
         use crate::fixtures::api::{self, answer, conflict};
         use http::{Method, StatusCode};
         use serde_json::json;
-        let server = |rv: &str, annotations: Value| {
+        let on = json!({"state": "Reserved", "powerState": "On"});
+        let server = |rv: &str, annotations: Value, status: &Value| {
             json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
                    "metadata": {"name": "s1", "uid": "uid-s1", "resourceVersion": rv, "annotations": annotations},
-                   "spec": {"systemUUID": "u1"}})
+                   "spec": {"systemUUID": "u1"}, "status": status})
         };
+        let final_snapshot = crate::format::Records::from_records(vec![crate::fixtures::record(
+            "Server",
+            "s1",
+            &[crate::fixtures::uuid("u1")],
+            on.clone(),
+        )]);
         let (client, mut api) = api::client();
         let script = tokio::spawn(async move {
-            let listed = server("1", json!({annotations::OPERATION_ANNOTATION: "ForceReset"}));
+            let listed = server("1", json!({annotations::OPERATION_ANNOTATION: "ForceReset"}), &on);
             let page = json!({"kind": "ServerList", "metadata": {"continue": ""}, "items": [listed]});
             let (method, _, _) = answer(&mut api, StatusCode::OK, page.to_string()).await;
             assert_eq!(method, Method::GET, "the listing");
@@ -427,9 +512,10 @@ mod tests {
             assert_eq!(body["metadata"]["resourceVersion"], "1", "conditional on the listed version");
             assert_eq!(body["metadata"]["annotations"][annotations::OPERATION_WAS_ANNOTATION], "ForceReset");
             // Meanwhile metal-operator reset the machine and removed the annotation.
-            let (method, path, _) = answer(&mut api, StatusCode::OK, server("2", json!({})).to_string()).await;
+            let off = json!({"state": "Reserved", "powerState": "Off"});
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("2", json!({}), &off).to_string()).await;
             assert_eq!((method, path.as_str()), (Method::GET, "/apis/metal.ironcore.dev/v1alpha1/servers/s1"));
-            let (method, _, body) = answer(&mut api, StatusCode::OK, server("3", json!({})).to_string()).await;
+            let (method, _, body) = answer(&mut api, StatusCode::OK, server("3", json!({}), &off).to_string()).await;
             assert_eq!(method, Method::PATCH);
             assert_eq!(
                 body,
@@ -442,7 +528,13 @@ mod tests {
         let profile = crate::domain::identity::Profile { kinds: vec![metal.kind("Server").unwrap().clone()], ..metal };
         let store = SnapshotStore::open("memory://", "c").unwrap();
         let handshake = Handshake::new(client, store, BackupOptions::new(profile), Duration::from_secs(1), None);
-        assert_eq!(handshake.quiesce().await.unwrap(), 1);
+        let (quiesced, moved) = handshake.quiesce(Some(&Against::new(&final_snapshot))).await.unwrap();
         script.await.unwrap();
+        assert_eq!(quiesced, 1);
+        assert_eq!(
+            moved.into_iter().collect::<Vec<_>>(),
+            ["Server s1"],
+            "its status moved on after the final snapshot"
+        );
     }
 }

@@ -76,29 +76,62 @@ pub fn evaluate(observed: &Observed) -> Vec<Blocker> {
 
 /// Live objects whose status differs from their record, or that have a status and no record.
 pub fn stale_objects(snapshot: &str, records: &Records, live: &[LiveObject]) -> Result<Vec<Blocker>> {
-    let mut by_key: HashMap<KeyDigest, usize> = HashMap::new();
-    for i in 0..records.len() {
-        for &digest in records.key_digests(i) {
-            by_key.insert(digest, i);
+    let against = Against::new(records);
+    let out = live
+        .iter()
+        .filter_map(|object| {
+            let reason = match against.compare(object)? {
+                Staleness::NotInSnapshot => format!("has a status and is not in snapshot {snapshot}"),
+                Staleness::Changed => format!("status changed after snapshot {snapshot}"),
+            };
+            Some(Blocker { object: object.object_ref(), reason })
+        })
+        .collect();
+    Ok(out)
+}
+
+/// How a live status stands against a snapshot that does not hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staleness {
+    /// The object has a status and the snapshot no record of it.
+    NotInSnapshot,
+    /// Its record holds another status.
+    Changed,
+}
+
+/// A snapshot's records by key digest: what a live object's status is compared with (by its
+/// identity keys, as a restore finds it).
+pub struct Against<'a> {
+    records: &'a Records,
+    by_key: HashMap<KeyDigest, usize>,
+}
+
+impl<'a> Against<'a> {
+    pub fn new(records: &'a Records) -> Self {
+        let mut by_key: HashMap<KeyDigest, usize> = HashMap::new();
+        for i in 0..records.len() {
+            for &digest in records.key_digests(i) {
+                by_key.insert(digest, i);
+            }
         }
+        Against { records, by_key }
     }
-    let mut out = Vec::new();
-    for object in live.iter().filter(|o| o.status.is_some()) {
+
+    /// Why the snapshot does not hold the object's status, if it does not. An object without
+    /// status has nothing to hold.
+    pub fn compare(&self, object: &LiveObject) -> Option<Staleness> {
+        let status = object.status.as_ref()?;
+        let records = self.records;
         // A digest finds the record; the keys themselves confirm it.
         let carries = |&r: &usize, key| records.head(r).is_ok_and(|h| h.kind == object.kind && h.keys.contains(key));
-        let record = object.keys.iter().find_map(|k| by_key.get(&k.digest(&object.kind)).filter(|r| carries(r, k)));
-        let reason = match record {
-            None => format!("has a status and is not in snapshot {snapshot}"),
-            Some(&record) => {
-                if object.status.as_ref().is_some_and(|s| records.status(record).is_ok_and(|r| s.equals(&r))) {
-                    continue;
-                }
-                format!("status changed after snapshot {snapshot}")
-            }
-        };
-        out.push(Blocker { object: object.object_ref(), reason });
+        let record =
+            object.keys.iter().find_map(|k| self.by_key.get(&k.digest(&object.kind)).filter(|r| carries(r, k)));
+        match record {
+            None => Some(Staleness::NotInSnapshot),
+            Some(&record) if records.status(record).is_ok_and(|r| status.equals(&r)) => None,
+            Some(_) => Some(Staleness::Changed),
+        }
     }
-    Ok(out)
 }
 
 #[derive(Debug, Clone)]
