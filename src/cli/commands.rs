@@ -12,7 +12,9 @@ use restatus::backup::{self, BackupOptions};
 use restatus::controller::http;
 use restatus::controller::{self, ControllerOptions, Election, Role as ControllerRole};
 use restatus::domain::compare::Comparer;
+use restatus::domain::identity::Profile;
 use restatus::k8s;
+use restatus::k8s::leader::{Fence, LeaseTiming};
 use restatus::moving::handshake::Handshake;
 use restatus::moving::preflight::{self, PreflightOptions, PreflightReport};
 use restatus::progress::ProgressHook;
@@ -152,7 +154,13 @@ impl Progress {
 }
 
 async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> Result<()> {
-    let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
+    let profile = Profile::load(&g.profile)?;
+    // Every write of the controller passes the fence: open only while this instance holds a
+    // lease it renewed in time, on a client of the lease's own.
+    let fence = Fence::default();
+    let client = k8s::client::fenced_client(g.kubeconfig.as_deref(), g.context.as_deref(), &fence).await?;
+    let timing = LeaseTiming { duration: args.lease_duration };
+    let lease_client = k8s::client::lease_client(g.kubeconfig.as_deref(), g.context.as_deref(), &timing).await?;
     let role = match args.role {
         Role::Target => ControllerRole::Target,
         Role::Source => {
@@ -178,6 +186,9 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
         lease_namespace: args.lease_namespace,
         lease_name: args.lease_name,
         identity: args.identity.unwrap_or_else(|| format!("restatus-{:08x}", rand::random::<u32>())),
+        timing,
+        lease_client,
+        fence,
     };
     let ctx = controller::Context::new(client, store, options);
     controller::run_elected(ctx, role, &election, shutdown_signal()).await?;

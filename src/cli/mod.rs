@@ -170,6 +170,11 @@ pub struct ControllerArgs {
     /// This instance's identity in the election.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// How long the leader election's Lease lasts (whole seconds, at least 3): a standby takes
+    /// over this long after the leader's last renewal; the leader renews every fifth of it and
+    /// stops writing when it has not renewed for two thirds of it.
+    #[arg(long, default_value = "15s", value_parser = lease_duration)]
+    pub lease_duration: Duration,
     /// How often to look for a newer snapshot.
     #[arg(long, default_value = "60s", value_parser = positive_duration)]
     pub snapshot_refresh: Duration,
@@ -296,6 +301,15 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// A duration greater than zero (`0s` would spin a loop or panic a timer).
+/// A Lease's duration: whole seconds, at least 3.
+fn lease_duration(s: &str) -> Result<Duration, String> {
+    let duration = positive_duration(s)?;
+    if duration.subsec_nanos() != 0 || duration < Duration::from_secs(3) {
+        return Err(format!("{s}: a lease lasts whole seconds, at least 3s"));
+    }
+    Ok(duration)
+}
+
 fn positive_duration(s: &str) -> Result<Duration, String> {
     match humantime::parse_duration(s) {
         Ok(d) if d.is_zero() => Err("must be greater than zero".into()),
@@ -320,6 +334,17 @@ mod tests {
             assert!(err.to_string().contains("must be greater than zero"), "{flags:?}: {err}");
         }
         assert!(Cli::try_parse_from(["restatus", "controller", "--snapshot-refresh", "1s"]).is_ok());
+    }
+
+    #[test]
+    fn a_lease_lasts_whole_seconds_and_at_least_three() {
+        for duration in ["0s", "2s", "3500ms", "lots"] {
+            assert!(
+                Cli::try_parse_from(["restatus", "controller", "--lease-duration", duration]).is_err(),
+                "{duration}"
+            );
+        }
+        assert!(Cli::try_parse_from(["restatus", "controller", "--lease-duration", "6s"]).is_ok());
     }
 
     #[test]

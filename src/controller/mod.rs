@@ -29,7 +29,7 @@ use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::format::Records;
 use crate::k8s::Writer;
-use crate::k8s::leader::Leadership;
+use crate::k8s::leader::{Fence, Leadership, LeaseTiming};
 use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 use crate::moving::handshake::Handshake;
 use crate::restore::Applier;
@@ -540,7 +540,7 @@ pub enum Role {
 }
 
 /// Where the controller serves and how it joins the leader election.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Election {
     /// Address of /metrics, /healthz and /readyz.
     pub http_addr: SocketAddr,
@@ -548,10 +548,20 @@ pub struct Election {
     pub lease_name: String,
     /// This instance's identity in the election.
     pub identity: String,
+    pub timing: LeaseTiming,
+    /// The Lease's own client (`k8s::client::lease_client`).
+    pub lease_client: kube::Client,
+    /// The fence of the context's client (`k8s::client::fenced_client`): open while this
+    /// instance holds the Lease.
+    pub fence: Fence,
 }
 
 /// Serves the HTTP endpoints, joins the election and, while leading, runs `role` until
-/// `shutdown` completes. Losing the lease is an error: a restart rejoins the election.
+/// `shutdown` completes. Losing the lease is an error: a restart rejoins the election. The
+/// lease is lost too when a renewal is overdue (a slow API server, a paused process): then the
+/// work in flight is dropped at once and the fence of the client refuses any write still
+/// underway; what it left quiesced is the next leader's to restore and release (restatus's own
+/// quiesce is released by whoever restores).
 pub async fn run_elected(
     ctx: Arc<Context>,
     role: Role,
@@ -561,10 +571,19 @@ pub async fn run_elected(
     tokio::pin!(shutdown);
     let server = tokio::spawn(http::serve(ctx.clone(), http::bind(election.http_addr).await?));
     let newest = tokio::spawn(metrics::export_newest(ctx.clone(), ctx.options.snapshot_refresh));
-    let mut leadership =
-        Leadership::join(&ctx.client, &election.lease_namespace, &election.lease_name, &election.identity).await?;
+    let leadership = Leadership::join(
+        &election.lease_client,
+        &election.lease_namespace,
+        &election.lease_name,
+        &election.identity,
+        election.timing,
+        election.fence.clone(),
+    );
     tokio::select! {
-        _ = &mut shutdown => return Ok(()),
+        _ = &mut shutdown => {
+            leadership.release().await;
+            return Ok(());
+        }
         acquired = leadership.acquired() => acquired?,
     }
     ctx.metrics.leader.set(1);
@@ -579,12 +598,23 @@ pub async fn run_elected(
             }
         }
     };
+    // Biased: after a stop, the lease is found over before the work takes another step.
     let result = tokio::select! {
+        biased;
+        _ = leadership.lost() => {
+            warn!(
+                identity = election.identity,
+                "lease not renewed in time or taken by another replica: stepped down, writing nothing more"
+            );
+            Err(Error::Leader("leadership lost; exiting so that a restart rejoins the election".into()))
+        }
         result = work => result,
-        _ = leadership.lost() => Err(Error::Leader("leadership lost; exiting so that a restart rejoins the election".into())),
     };
     ctx.metrics.leader.set(0);
     ctx.leading.store(false, Ordering::Relaxed);
+    if result.is_ok() {
+        leadership.release().await;
+    }
     server.abort();
     newest.abort();
     result

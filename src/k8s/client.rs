@@ -2,21 +2,62 @@
 //! inferred the usual way (`KUBECONFIG`, `~/.kube/config`, in-cluster service account).
 
 use std::path::Path;
+use std::task::Poll;
 use std::time::Duration;
 
+use futures::future::{self, BoxFuture};
 use kube::client::ClientBuilder;
 use kube::client::retry::RetryPolicy;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
+use tower::{BoxError, Layer, Service};
 
 use crate::domain::identity::Profile;
+use crate::k8s::leader::{Fence, LeaseTiming, NotLeading};
 use crate::{Error, Result};
 
 /// What restatus calls itself to an API server: `restatus/<version>`.
 pub const USER_AGENT: &str = concat!("restatus/", env!("CARGO_PKG_VERSION"));
 
 pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube::Client> {
+    let builder =
+        ClientBuilder::try_from(config(kubeconfig, context).await?).map_err(|e| Error::kube("build client", e))?;
+    Ok(builder.with_layer(&BufferLayer::new(REQUESTS_IN_FLIGHT)).with_layer(&RetryLayer::new(retry_policy())).build())
+}
+
+/// The controller's client: as [`client`], and every write passes `fence` just before it is
+/// sent, each retry again (a request refused there fails with [`NotLeading`]). Reads (and
+/// watches) pass always.
+pub async fn fenced_client(kubeconfig: Option<&Path>, context: Option<&str>, fence: &Fence) -> Result<kube::Client> {
+    let builder =
+        ClientBuilder::try_from(config(kubeconfig, context).await?).map_err(|e| Error::kube("build client", e))?;
+    Ok(builder
+        .with_layer(&FenceLayer(fence.clone()))
+        .with_layer(&BufferLayer::new(REQUESTS_IN_FLIGHT))
+        .with_layer(&RetryLayer::new(retry_policy()))
+        .build())
+}
+
+/// The client of the leader election's Lease: no retries, and every request given up after
+/// `timing`'s attempt timeout (connecting and reading alike), so that a renewal is tried again
+/// every few seconds instead of waiting on an API server that sheds load or does not answer.
+pub async fn lease_client(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+    timing: &LeaseTiming,
+) -> Result<kube::Client> {
+    let mut config = config(kubeconfig, context).await?;
+    let timeout = timing.attempt_timeout();
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    let builder = ClientBuilder::try_from(config).map_err(|e| Error::kube("build the lease's client", e))?;
+    Ok(builder.build())
+}
+
+/// The configuration every client of restatus starts from.
+async fn config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube::Config> {
     let options = KubeConfigOptions { context: context.map(str::to_string), ..Default::default() };
     let mut config = match kubeconfig {
         Some(path) => {
@@ -47,8 +88,60 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
     // the stack again, so it sits behind a buffer: kube's stack is one boxed service, not a
     // clonable one.
     config.default_retry = false;
-    let builder = ClientBuilder::try_from(config).map_err(|e| Error::kube("build client", e))?;
-    Ok(builder.with_layer(&BufferLayer::new(REQUESTS_IN_FLIGHT)).with_layer(&RetryLayer::new(retry_policy())).build())
+    Ok(config)
+}
+
+/// Puts a [`Fence`] in front of every write.
+#[derive(Clone)]
+struct FenceLayer(Fence);
+
+impl<S> Layer<S> for FenceLayer {
+    type Service = Fenced<S>;
+
+    fn layer(&self, inner: S) -> Fenced<S> {
+        Fenced { inner, fence: self.0.clone() }
+    }
+}
+
+#[derive(Clone)]
+struct Fenced<S> {
+    inner: S,
+    fence: Fence,
+}
+
+impl<S, B> Service<http::Request<B>> for Fenced<S>
+where
+    S: Service<http::Request<B>>,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, std::result::Result<S::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<std::result::Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let read = matches!(*request.method(), http::Method::GET | http::Method::HEAD | http::Method::OPTIONS);
+        let fence = self.fence.clone();
+        let refused = move |request: &str| Box::new(NotLeading { request: request.to_string() }) as BoxError;
+        let what = format!("{} {}", request.method(), request.uri().path());
+        if !read && !fence.may_write() {
+            return Box::pin(future::ready(Err(refused(&what))));
+        }
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            // Asked again as the request goes out (the future is polled), not only when it was
+            // queued: a process stopped in between finds its lease over and sends nothing.
+            if !read && !fence.may_write() {
+                return Err(refused(&what));
+            }
+            response.await.map_err(Into::into)
+        })
+    }
 }
 
 /// How long a request may wait for the API server's next bytes.
@@ -139,6 +232,45 @@ mod tests {
         let waits = waits_for(|| status(StatusCode::TOO_MANY_REQUESTS, Some("1")));
         assert_eq!(waits[0], Duration::from_secs(1));
         assert!(waits.iter().all(|w| (Duration::from_secs(1)..=LONGEST_RETRY_WAIT).contains(w)), "{waits:?}");
+    }
+
+    /// Every write of the controller's client passes the fence; reads pass always.
+    #[tokio::test]
+    async fn a_write_is_not_sent_once_the_lease_is_over_and_reads_go_on() {
+        use crate::fixtures::{self, api, uuid};
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let fence = Fence::default();
+        let client = kube::Client::new(FenceLayer(fence.clone()).layer(service), "default");
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let object = fixtures::live("Server", "server-1", &[uuid("uuid-1")], None);
+        let patch = serde_json::json!({"ignore": "me"});
+        let annotate = || crate::k8s::annotate(&client, kind, None, &object.name, None, &patch);
+        let api_server = tokio::spawn(async move {
+            let mut seen = vec![];
+            for _ in 0..2 {
+                let answer = api::server("server-1", None).to_string();
+                seen.push(api::answer(&mut handle, StatusCode::OK, answer).await.0);
+            }
+            seen
+        });
+
+        // Not leading yet, then a lease that ran out: refused before anything is sent.
+        for deadline in [None, Some(std::time::Instant::now())] {
+            fence.set(deadline);
+            let error = annotate().await.expect_err("a write without the lease").to_string();
+            assert!(error.contains("not sent: this replica's lease was not renewed in time"), "{error}");
+        }
+        // A read goes out all the same, and a write once the lease is renewed.
+        crate::k8s::get_object(&client, kind, None, "server-1").await.unwrap();
+        fence.set(Some(std::time::Instant::now() + Duration::from_secs(10)));
+        annotate().await.unwrap();
+        assert_eq!(
+            api_server.await.unwrap(),
+            [http::Method::GET, http::Method::PATCH],
+            "only the read and the last write"
+        );
     }
 
     #[tokio::test(start_paused = true)]
