@@ -529,3 +529,120 @@ async fn no_spelling_of_a_secret_kind_makes_a_request_for_secrets_says_the_audit
     assert_eq!(agents, [restatus::k8s::USER_AGENT].into(), "every request of restatus names it");
     eprintln!("{} requests of restatus audited ({agents:?}), none for secrets", by_restatus.len());
 }
+
+/// F44 with a real 410: a backup's listing outlives its continue token on a kube-apiserver
+/// that compacts its storage every second (and reads from etcd, no watch cache: a token is
+/// good only while etcd keeps its revision). The backup is SIGSTOPped in the middle of its
+/// listing (one object a page, seen in the audit log), held until etcd compacted past a
+/// probe's token taken after the stop (so past the backup's too), then continued: its next
+/// page is refused with 410 Gone, the pager lists the kind again past the objects it handed
+/// out, and the snapshot holds each object once, exactly those a backup without the fault
+/// holds. Runs on the target, exclusively: the compaction would expire other tests' tokens.
+#[tokio::test]
+async fn a_backup_whose_continue_token_expires_lists_again_and_captures_each_object_once() {
+    let _exclusive = crate::bed::TARGET.write().await;
+    let bed = Bed::get();
+    let policy = bed.scratch.path().join("list-audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+         - level: Metadata\n  verbs: [list]\n  resources: [{group: metal.ironcore.dev, resources: [bmcs, servers]}]\n\
+         - level: None\n",
+    )
+    .unwrap();
+    let audit_log = bed.scratch.path().join(format!("{}-list-audit.jsonl", unique("f44")));
+    let flags = [
+        "--etcd-compaction-interval=1s".to_string(),
+        "--watch-cache=false".to_string(),
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", audit_log.display()),
+        "--audit-log-format=json".to_string(),
+        "--audit-log-mode=blocking".to_string(),
+    ];
+    let apiserver = ExtraApiServer::start(&bed, "target", &flags).await;
+    let spec = FleetSpec::new(&unique("expired"), 150, 150, 0);
+    fleet::create(&bed.target().await, &spec, 16).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+
+    let log = bed.scratch.path().join(format!("{}-backup.log", spec.name));
+    let mut backup = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args(["backup", "--selector", &selector, "--page-size", "1", "--kubeconfig"])
+        .arg(&apiserver.kubeconfig)
+        .env("RESTATUS_STORAGE", &storage)
+        .env("RESTATUS_CLUSTER_ID", &spec.name)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = backup.id().to_string();
+    // Stopped once it asks for a page with a continue token: in the middle of a listing.
+    let paged = |events: &[Value]| {
+        events.iter().filter(|e| e["requestURI"].as_str().is_some_and(|u| u.contains("continue="))).count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while paged(&audit_events(&audit_log)) == 0 {
+        assert!(Instant::now() < deadline, "no second page within 60 s: {}", std::fs::read_to_string(&log).unwrap());
+        assert!(backup.try_wait().unwrap().is_none(), "the backup ended before its second page");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_success(&std::process::Command::new("kill").args(["-STOP", &pid]).output().unwrap(), "SIGSTOP");
+    let pages_before = paged(&audit_events(&audit_log));
+    assert!(pages_before < 250, "stopped in the middle of its listing ({pages_before} pages of 300)");
+
+    // Etcd compacts past a token taken now (after the stop): the backup's is older.
+    let probe = bed.kubectl(&apiserver.kubeconfig, &["get", "--raw", "/api/v1/namespaces?limit=1"]);
+    assert_success(&probe, "probe list");
+    let token = serde_json::from_str::<Value>(&stdout(&probe)).unwrap()["metadata"]["continue"]
+        .as_str()
+        .expect("a continue token (more than one namespace)")
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // A write moves etcd's revision on, so that the next compaction passes the token's.
+        let marker = bed.kubectl(
+            &apiserver.kubeconfig,
+            &[
+                "annotate",
+                "namespace",
+                "default",
+                "--overwrite",
+                &format!("restatus-test/f44={}", rand::random::<u32>()),
+            ],
+        );
+        assert_success(&marker, "advance etcd's revision");
+        let uri = format!("/api/v1/namespaces?limit=1&continue={token}");
+        let out = bed.kubectl(&apiserver.kubeconfig, &["get", "--raw", &uri]);
+        if !out.status.success() && stderr(&out).contains("Expired") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "etcd did not compact past the probe's token within 60 s: {}", stderr(&out));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_success(&std::process::Command::new("kill").args(["-CONT", &pid]).output().unwrap(), "SIGCONT");
+    let status = exit_of(&mut backup, Duration::from_secs(120)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "backup exited with {status}: {text}");
+    assert!(text.contains("listing outlived its continue token"), "the 410 was met and handled: {text}");
+    let relisted = audit_events(&audit_log).iter().filter(|e| e["responseStatus"]["code"] == 410).count();
+    assert!(relisted >= 1, "the API server answered 410");
+
+    // The same objects as a backup without the fault, each once.
+    let store = bed.store(&storage, &spec.name);
+    let written: Vec<_> = store.list().await.unwrap().into_iter().filter(|e| e.complete).collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let (manifest, records_) = records(&store, written[0].id.as_str()).await;
+    assert!(manifest.is_consistent(), "{manifest:?}");
+    let names = |records: &[restatus::format::Record]| {
+        let mut names: Vec<String> = records.iter().map(|r| format!("{} {}", r.kind, r.object_name())).collect();
+        names.sort();
+        names
+    };
+    let reference_storage = bed.storage(&format!("{}-ref", spec.name));
+    let args = ["backup", "--selector", selector.as_str()];
+    assert_success(&bed.restatus_with(&bed.target_kubeconfig, &reference_storage, &spec.name, &args, &[]), "reference");
+    let reference = bed.store(&reference_storage, &spec.name);
+    let id = reference.list().await.unwrap().into_iter().find(|e| e.complete).unwrap().id;
+    let (_, expected) = records(&reference, id.as_str()).await;
+    assert_eq!(names(&records_), names(&expected), "each object once");
+    drop(apiserver);
+}
