@@ -7,8 +7,9 @@
 //! appears with an empty status gets its status back, a restored one is "already equal", and
 //! ambiguity is judged exactly as the one-shot plan judges it. The newest good snapshot is
 //! reloaded every `snapshot_refresh`; a new one makes every object dirty again. A Server or
-//! ServerClaim that appears makes the BMCs and Servers restatus still keeps ignored dirty: one
-//! may be waiting for it.
+//! ServerClaim that appears makes the BMCs, Servers and claims restatus still keeps ignored
+//! dirty: one may be waiting for it; a Server whose status changes makes the claims it keeps
+//! ignored dirty: one may be waiting for it to be Reserved for it.
 
 pub mod http;
 pub mod index;
@@ -176,11 +177,14 @@ impl Loop {
     fn apply(&mut self, ctx: &Context, change: Change) {
         match change {
             Change::Upsert(object) => {
-                // An object restatus keeps ignored may be waiting for this one.
+                // An object restatus keeps ignored may be waiting for this one: for it to
+                // appear, or (a claim) for its Server to become Reserved for it.
                 let partner = matches!(object.kind.as_str(), "Server" | "ServerClaim");
+                let now = Instant::now();
                 if partner && !self.live.contains(&object.uid) {
-                    let now = Instant::now();
                     self.dirty.extend(self.live.held().map(|uid| (uid.clone(), now)));
+                } else if object.kind == "Server" && self.live.status_changed(&object) {
+                    self.dirty.extend(self.live.held_claims().map(|uid| (uid.clone(), now)));
                 }
                 let uid = self.live.upsert(*object);
                 self.dirty.entry(uid).or_insert_with(Instant::now);
@@ -641,6 +645,40 @@ mod tests {
         uids.sort();
         assert_eq!(uids, ["y", "z"]);
         assert!(!state.dirty.contains_key("x") && state.retries.is_empty(), "x is forgotten everywhere");
+    }
+
+    /// Issue 21, item 4: a claim restatus holds until its Server is Reserved for it is tried
+    /// again when that Server's status changes, not only when a Server appears; a Server
+    /// event that leaves its status as it was makes nothing dirty.
+    #[tokio::test]
+    async fn a_held_claim_is_tried_again_when_its_servers_status_changes() {
+        use crate::domain::annotations::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+        let ctx = context();
+        let mut state = state(&ctx);
+        let mut claim = fixtures::live("ServerClaim", "c", &[fixtures::key("namespace/name", "a/c")], None);
+        claim.namespace = Some("a".into());
+        claim.annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+        claim.annotations.insert(QUIESCED_BY_ANNOTATION.into(), "restatus".into());
+        let free = fixtures::live("ServerClaim", "f", &[fixtures::key("namespace/name", "a/f")], None);
+        let server = |status: Option<serde_json::Value>| {
+            let mut server = fixtures::live("Server", "s", &[uuid("s")], status);
+            server.resource_version = "2".into();
+            Box::new(server.compact())
+        };
+        state.apply(&ctx, Change::Upsert(Box::new(claim)));
+        state.apply(&ctx, Change::Upsert(Box::new(free)));
+        state.apply(&ctx, Change::Upsert(server(None)));
+        state.dirty.clear();
+        state.apply(&ctx, Change::Upsert(server(None)));
+        assert_eq!(state.dirty.keys().map(|u| &**u).collect::<Vec<_>>(), ["s"], "the same status: only itself");
+        state.dirty.clear();
+        state.apply(&ctx, Change::Upsert(server(Some(serde_json::json!({"state": "Reserved"})))));
+        let mut dirty: Vec<&str> = state.dirty.keys().map(|u| &**u).collect();
+        dirty.sort();
+        assert_eq!(dirty, ["c", "s"], "the held claim is tried again, the free one is not");
+        state.dirty.clear();
+        state.apply(&ctx, Change::Upsert(server(Some(serde_json::json!({"state": "Reserved"})))));
+        assert_eq!(state.dirty.len(), 1, "unchanged again");
     }
 
     #[tokio::test]

@@ -238,6 +238,33 @@ impl Views {
     }
 }
 
+/// What a restored ServerClaim waits for before metal-operator may see it, given its Server
+/// as the target holds it (`None`: not there). A claim that names a Server waits for it to
+/// exist; a Bound claim also for it to be `Reserved` for this claim (`spec.serverClaimRef`
+/// naming the claim's namespace/name): released Bound before that, metal-operator finds a
+/// Bound claim whose Server is not its own and binds again. A Server restored `Reserved` for
+/// the claim counts, even while restatus holds it (waiting for the claim in turn): the two
+/// never wait for each other.
+pub fn claim_waits_for(claim: &ClaimView, server: Option<&ServerView>) -> Option<String> {
+    let name = claim.server.as_deref()?;
+    let Some(server) = server else { return Some(format!("waits for Server {name}")) };
+    if claim.phase != "Bound" {
+        return None;
+    }
+    let own = (claim.namespace.clone(), claim.name.clone());
+    if server.state == "Reserved" && server.claim.as_ref() == Some(&own) {
+        return None;
+    }
+    let claim_ref = match &server.claim {
+        Some((ns, n)) => format!("{ns}/{n}"),
+        None => "none".into(),
+    };
+    Some(format!(
+        "waits for Server {name} to be Reserved for it (now {:?}, spec.serverClaimRef {claim_ref})",
+        server.state
+    ))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
     pub object: ObjectRef,
@@ -379,6 +406,35 @@ mod tests {
         assert_eq!(ServerView::from_raw(&s), server("s1", "Reserved", Some(("a", "c1"))));
         let c = RawObject::parse(r#"{"metadata":{"name":"c1","namespace":"a"},"spec":{"serverRef":{"name":"s1"}},"status":{"phase":"Bound"}}"#).unwrap();
         assert_eq!(ClaimView::from_raw(&c), claim("a", "c1", "Bound", Some("s1")));
+    }
+
+    /// Issue 21, item 4: a Bound claim waits for its Server to exist and to be Reserved for
+    /// it; a Server held by restatus for the claim (restored Reserved, pointing back) counts.
+    #[test]
+    fn a_bound_claim_waits_for_its_server_to_be_reserved_for_it() {
+        let bound = claim("a", "c1", "Bound", Some("s1"));
+        assert_eq!(claim_waits_for(&bound, None).as_deref(), Some("waits for Server s1"));
+        let bare = server("s1", "", Some(("a", "c1")));
+        assert_eq!(
+            claim_waits_for(&bound, Some(&bare)).as_deref(),
+            Some("waits for Server s1 to be Reserved for it (now \"\", spec.serverClaimRef a/c1)")
+        );
+        let other = server("s1", "Reserved", Some(("a", "c2")));
+        assert_eq!(
+            claim_waits_for(&bound, Some(&other)).as_deref(),
+            Some("waits for Server s1 to be Reserved for it (now \"Reserved\", spec.serverClaimRef a/c2)")
+        );
+        let unclaimed = server("s1", "Reserved", None);
+        assert!(claim_waits_for(&bound, Some(&unclaimed)).unwrap().contains("spec.serverClaimRef none"));
+        let other_namespace = server("s1", "Reserved", Some(("b", "c1")));
+        assert!(claim_waits_for(&bound, Some(&other_namespace)).is_some());
+        assert_eq!(claim_waits_for(&bound, Some(&server("s1", "Reserved", Some(("a", "c1"))))), None);
+        // Not Bound: being bound by metal-operator, which needs it released; its Server must
+        // only be there.
+        let binding = claim("a", "c1", "", Some("s1"));
+        assert_eq!(claim_waits_for(&binding, Some(&bare)), None);
+        assert_eq!(claim_waits_for(&binding, None).as_deref(), Some("waits for Server s1"));
+        assert_eq!(claim_waits_for(&claim("a", "c1", "Bound", None), None), None);
     }
 
     #[test]

@@ -30,7 +30,9 @@ use crate::domain::annotations::{self, NOT_RESTORED_ANNOTATION, RESTORED_FROM_AN
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
-use crate::domain::pairing::{ClaimView, METAL_GROUP, ServerView, SystemServers, View, servers_of_bmc};
+use crate::domain::pairing::{
+    ClaimView, METAL_GROUP, ServerView, SystemServers, View, claim_waits_for, servers_of_bmc,
+};
 use crate::domain::status;
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
 use crate::k8s::Writer;
@@ -516,8 +518,9 @@ impl<'a> WriteSequence<'a> {
     /// metal-operator's handling of a missing partner; the object waits for:
     /// - a Server, for its ServerClaim (`spec.serverClaimRef`): without it, metal-operator
     ///   powers the Server off, drops its boot configuration and frees it for other claims;
-    /// - a ServerClaim, for its Server (`spec.serverRef`): a Bound claim released before its
-    ///   Server exists is one metal-operator would try to bind again;
+    /// - a ServerClaim, for its Server (`spec.serverRef`), and a Bound one for that Server to be
+    ///   `Reserved` for it (see [`claim_waits_for`]): a Bound claim released before is one
+    ///   metal-operator would try to bind again;
     /// - a BMC, for its Servers: metal-operator creates each system's Server itself (named
     ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
     ///   and does not copy the source's. The snapshot tells which Servers the BMC had.
@@ -549,7 +552,7 @@ impl<'a> WriteSequence<'a> {
                     _ => vec![],
                 },
                 ("ServerClaim", _, Some(servers)) => match self.view(written).await? {
-                    Some(View::Claim(ClaimView { server: Some(server), .. })) => vec![(servers, None, server)],
+                    Some(View::Claim(claim)) => return self.claim_waits(servers, &claim).await,
                     _ => vec![],
                 },
                 ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.system_servers()?)
@@ -570,6 +573,21 @@ impl<'a> WriteSequence<'a> {
             }
         }
         Ok(None)
+    }
+
+    /// What a claim waits for (see [`claim_waits_for`]): its Server, read by name.
+    async fn claim_waits(&self, servers: &KindProfile, claim: &ClaimView) -> Result<Option<String>> {
+        let Some(name) = claim.server.as_deref() else { return Ok(None) };
+        let server = match self.applier.writer.get_named(servers, None, name).await {
+            Ok(json) => {
+                let object = RawObject::parse(&json)
+                    .map_err(|e| self.invalid(format!("its Server {name} cannot be read: {e}")))?;
+                Some(ServerView::from_raw(&object))
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => None,
+            Err(e) => return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e)),
+        };
+        Ok(claim_waits_for(claim, server.as_ref()))
     }
 
     /// The object's pairing view (a Server's state and `spec.serverClaimRef`, a claim's
@@ -884,10 +902,10 @@ mod tests {
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 5, None));
     }
 
-    /// Issue 21, item 4 (F58): a ServerClaim restored Bound before its Server arrived stays
-    /// quiesced ("waits for Server …"); the controller tries it again when a Server appears.
-    #[tokio::test]
-    async fn a_claim_restored_before_its_server_arrives_stays_quiesced() {
+    /// Restores `a/claim-1` Bound (its `spec.serverRef` names `server-1`), the API server
+    /// answering the look-up of its Server with `server`; the claim is then released or kept
+    /// quiesced as `released` says. Returns the outcome.
+    async fn restore_claim(server: (StatusCode, String), released: bool) -> Outcome {
         let claim = |rv: &str, annotations: Value, status: Value| {
             json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
                    "metadata": {"name": "claim-1", "namespace": "a", "uid": "u-c", "resourceVersion": rv,
@@ -905,14 +923,19 @@ mod tests {
                 assert_eq!((method, path.as_str()), (Method::PATCH, CLAIM), "quiesce");
                 let (method, path, _) = answer(&mut api, StatusCode::OK, claim("3", quiesced(), bound)).await;
                 assert_eq!((method, path.as_str()), (Method::PUT, format!("{CLAIM}/status").as_str()));
-                let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
-                let (method, path, _) = answer(&mut api, StatusCode::NOT_FOUND, gone.to_string()).await;
+                let (method, path, _) = answer(&mut api, server.0, server.1).await;
                 assert_eq!((method, path.as_str()), (Method::GET, SERVER), "its Server is looked up");
-                let (method, _, body) = answer(&mut api, StatusCode::OK, claim("4", quiesced(), json!({}))).await;
-                assert_eq!(method, Method::PUT, "marked restored, not released");
+                let (method, _, body) = answer(&mut api, StatusCode::OK, claim("4", json!({}), json!({}))).await;
+                assert_eq!(method, Method::PUT, "marked restored");
                 let annotations = &body["metadata"]["annotations"];
-                assert_eq!(annotations[QUIESCED_BY_ANNOTATION], "restatus", "{annotations}");
-                assert_eq!(annotations[OPERATION_ANNOTATION], OPERATION_IGNORE, "{annotations}");
+                assert_eq!(annotations[RESTORED_FROM_ANNOTATION], snapshot_id(), "{annotations}");
+                if released {
+                    assert_eq!(annotations.get(QUIESCED_BY_ANNOTATION), None, "released: {annotations}");
+                    assert_eq!(annotations.get(OPERATION_ANNOTATION), None, "released: {annotations}");
+                } else {
+                    assert_eq!(annotations[QUIESCED_BY_ANNOTATION], "restatus", "held: {annotations}");
+                    assert_eq!(annotations[OPERATION_ANNOTATION], OPERATION_IGNORE, "held: {annotations}");
+                }
                 assert_eq!(echo(&mut api).await.0, Method::POST);
             }
         });
@@ -942,8 +965,43 @@ mod tests {
         let outcome = applier.apply_item(kind, &plan.items[0], std::slice::from_ref(&object)).await;
         drop(writer);
         script.await.expect("the scripted API server saw what it expected");
-        assert_eq!((outcome.verdict, outcome.error), (Verdict::Restore, None));
+        assert_eq!((outcome.verdict, outcome.error.as_deref()), (Verdict::Restore, None));
+        outcome
+    }
+
+    /// Issue 21, item 4 (F58): a ServerClaim restored Bound before its Server arrived stays
+    /// quiesced ("waits for Server …"); the controller tries it again when a Server appears.
+    #[tokio::test]
+    async fn a_claim_restored_before_its_server_arrives_stays_quiesced() {
+        let outcome = restore_claim((StatusCode::NOT_FOUND, not_found("server-1")), false).await;
         assert_eq!(outcome.held.as_deref(), Some("waits for Server server-1"));
+    }
+
+    /// Issue 21, item 4: a Bound claim whose Server is there but not `Reserved` for it (bare,
+    /// as clusterctl creates it, or Reserved for another claim) stays quiesced, saying so; once
+    /// the Server is Reserved for it (restored by restatus, even while held itself for the
+    /// claim), the claim is released.
+    #[tokio::test]
+    async fn a_bound_claim_is_released_only_once_its_server_is_reserved_for_it() {
+        let server_as = |state: Value, claim: Value| {
+            let mut server: Value = serde_json::from_str(&server("5", quiesced(), state)).unwrap();
+            server["spec"]["serverClaimRef"] = claim;
+            (StatusCode::OK, server.to_string())
+        };
+        let ours = json!({"namespace": "a", "name": "claim-1"});
+        let outcome = restore_claim(server_as(Value::Null, ours.clone()), false).await;
+        let held = outcome.held.expect("held while its Server is bare");
+        assert!(held.starts_with("waits for Server server-1 to be Reserved for it"), "{held}");
+        let outcome =
+            restore_claim(server_as(json!({"state": "Reserved"}), json!({"namespace": "a", "name": "other"})), false)
+                .await;
+        let held = outcome.held.expect("held while its Server is Reserved for another claim");
+        assert!(held.contains("spec.serverClaimRef a/other"), "{held}");
+        let outcome = restore_claim(server_as(json!({"state": "Available"}), Value::Null), false).await;
+        assert!(outcome.held.expect("held while its Server is Available").contains("\"Available\""));
+        // Restored Reserved for the claim, and still held by restatus (quiesced) for the claim.
+        let outcome = restore_claim(server_as(json!({"state": "Reserved"}), ours), true).await;
+        assert_eq!(outcome.held, None);
     }
 
     /// [`Writer::scripted`], the usual one.
