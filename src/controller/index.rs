@@ -197,6 +197,17 @@ impl LiveIndex {
         })
     }
 
+    /// The live objects of `kind` carrying one of `keys`, each once.
+    pub fn carrying<'k>(&self, kind: &str, keys: impl IntoIterator<Item = &'k IdentityKey>) -> Vec<LiveObject> {
+        let mut uids: BTreeSet<&Uid> = BTreeSet::new();
+        for key in keys {
+            uids.extend(self.by_key.get(&key.digest(kind)).into_iter().flatten());
+        }
+        let objects = uids.into_iter().filter_map(|u| self.get(u));
+        // A digest is a candidate; the key itself confirms it.
+        objects.filter(|o| o.kind == kind).collect()
+    }
+
     /// Where the first record carrying one of the object's keys is in the payload (see
     /// [`SnapshotIndex::position`]).
     pub fn position(&self, uid: &str, snapshot: &SnapshotIndex) -> usize {

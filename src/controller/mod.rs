@@ -28,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
+use crate::domain::pairing::{METAL_GROUP, ServerIdentity, servers_of_bmc};
 use crate::format::Records;
 use crate::k8s::Writer;
 use crate::k8s::leader::Leadership;
@@ -384,7 +385,16 @@ async fn process(
                     let failed = match live.neighbourhood(uid, &snapshot) {
                         Some(Ok((records, objects))) => {
                             let dirty = Dirty { uid, seen: *seen, failing: retries.contains(uid) };
-                            reconcile(ctx, kind, &snapshot, &records, &objects, dirty).await
+                            match bmc_servers(kind, &snapshot, live, &objects, uid) {
+                                Ok(servers) => {
+                                    reconcile(ctx, kind, &snapshot, (&records, &objects, &servers), dirty).await
+                                }
+                                Err(e) => {
+                                    ctx.metrics.errors.inc();
+                                    warn!(uid = &**uid, error = %e, "cannot read the BMC's Servers from the snapshot; retried after a backoff");
+                                    true
+                                }
+                            }
                         }
                         Some(Err(e)) => {
                             ctx.metrics.errors.inc();
@@ -404,6 +414,25 @@ async fn process(
     results
 }
 
+/// For a BMC restatus holds: the live Servers that share an identity key (systemUUID) with a
+/// Server the snapshot holds for it, from the live index, so that its wait finds them by
+/// identity whatever their names (see `restore::apply`). Nothing for other objects.
+fn bmc_servers(
+    kind: &KindProfile,
+    snapshot: &SnapshotIndex,
+    live: &LiveIndex,
+    objects: &[LiveObject],
+    uid: &str,
+) -> Result<Vec<ServerIdentity>> {
+    let Some(bmc) = objects.iter().find(|o| o.uid == uid) else { return Ok(vec![]) };
+    if kind.kind != "BMC" || kind.group != METAL_GROUP || !bmc.quiesced_by_restatus() {
+        return Ok(vec![]);
+    }
+    let recorded = servers_of_bmc(&bmc.name, snapshot.system_servers.get(&snapshot.records)?);
+    let servers = live.carrying("Server", recorded.iter().flat_map(|r| &r.keys));
+    Ok(servers.into_iter().map(|s| ServerIdentity { name: s.name, keys: s.keys }).collect())
+}
+
 /// A dirty object: its uid, when its change was seen, and whether its last restore failed.
 struct Dirty<'a> {
     uid: &'a str,
@@ -411,13 +440,13 @@ struct Dirty<'a> {
     failing: bool,
 }
 
-/// One object: the plan's verdict for it, applied if it writes. True when the write failed.
+/// One object: the plan's verdict for it, applied if it writes (with its records, the live
+/// objects around it and, for a BMC, its Servers on the target). True when the write failed.
 async fn reconcile(
     ctx: &Context,
     kind: &KindProfile,
     snapshot: &SnapshotIndex,
-    records: &Records,
-    objects: &[LiveObject],
+    (records, objects, servers): (&Records, &[LiveObject], &[ServerIdentity]),
     Dirty { uid, seen, failing }: Dirty<'_>,
 ) -> bool {
     let manifest = &snapshot.manifest;
@@ -460,7 +489,8 @@ async fn reconcile(
         }
     };
     let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
-        .with_snapshot_records(&snapshot.records, &snapshot.system_servers);
+        .with_snapshot_records(&snapshot.records, &snapshot.system_servers)
+        .with_live_servers(servers);
     let outcome = applier.apply_item(kind, item, objects).await;
     if let Some(error) = &outcome.error {
         ctx.metrics.errors.inc();

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::Result;
 use crate::domain::identity::KindProfile;
 use crate::domain::object::RawObject;
-use crate::format::{Names, ObjectRef, RecordHead, Records, digest};
+use crate::format::{IdentityKey, Names, ObjectRef, RecordHead, Records, digest};
 
 /// The API group whose Servers and ServerClaims pair up.
 pub const METAL_GROUP: &str = "metal.ironcore.dev";
@@ -292,9 +292,28 @@ impl SystemServers {
     }
 }
 
+/// A Server on the target as a BMC's wait sees it: its name and identity keys
+/// (`spec.systemUUID`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerIdentity {
+    pub name: String,
+    pub keys: Vec<IdentityKey>,
+}
+
+/// The Servers the snapshot holds for a BMC (see [`servers_of_bmc`]) that no Server on the
+/// target is: a Server is the recorded one when it has its name or one of its identity keys
+/// (the same `spec.systemUUID`), whatever its name. Pure; `live` may hold any Servers.
+pub fn servers_not_there<'r>(recorded: &[&'r RecordHead], live: &[ServerIdentity]) -> Vec<&'r RecordHead> {
+    recorded
+        .iter()
+        .filter(|r| !live.iter().any(|s| s.name == r.name || s.keys.iter().any(|k| r.keys.contains(k))))
+        .copied()
+        .collect()
+}
+
 /// The Servers the snapshot holds for BMC `bmc`, by metal-operator's naming of the Servers a
 /// BMC's systems get: `<bmc>-system-<index>`.
-pub fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r str> {
+pub fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r RecordHead> {
     let prefix = format!("{bmc}-system-");
     // `records` are metal-operator Servers already (see `SystemServers`).
     records
@@ -302,7 +321,6 @@ pub fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r str> 
         .filter(|r| {
             r.name.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         })
-        .map(|r| r.name.as_str())
         .collect()
 }
 
@@ -437,6 +455,28 @@ mod tests {
         assert_eq!(claim_waits_for(&claim("a", "c1", "Bound", None), None), None);
     }
 
+    /// Issue 21, item 4: a BMC's Server is found by identity: a Server on the target with the
+    /// recorded one's systemUUID is it, whatever its name; one with neither its name nor its
+    /// systemUUID is another machine.
+    #[test]
+    fn a_bmcs_server_is_found_by_its_system_uuid_whatever_its_name() {
+        let uuid = crate::fixtures::uuid;
+        let head = |name: &str, key: &str| {
+            crate::fixtures::record("Server", name, &[uuid(key)], serde_json::json!({})).split().0
+        };
+        let live = |name: &str, key: &str| ServerIdentity { name: name.into(), keys: vec![uuid(key)] };
+        let (s0, s1) = (head("bmc-system-0", "uuid-0"), head("bmc-system-1", "uuid-1"));
+        let recorded = [&s0, &s1];
+        let missing = |live: &[ServerIdentity]| {
+            servers_not_there(&recorded, live).into_iter().map(|h| h.name.as_str()).collect::<Vec<_>>()
+        };
+        assert_eq!(missing(&[]), ["bmc-system-0", "bmc-system-1"]);
+        assert_eq!(missing(&[live("renamed", "uuid-0")]), ["bmc-system-1"], "by systemUUID, not by name");
+        assert_eq!(missing(&[live("bmc-system-1", "other")]), ["bmc-system-0"], "by name still");
+        assert_eq!(missing(&[live("renamed", "uuid-0"), live("also-renamed", "uuid-1")]), Vec::<&str>::new());
+        assert_eq!(missing(&[live("stranger", "uuid-9")]), ["bmc-system-0", "bmc-system-1"], "another machine");
+    }
+
     #[test]
     fn a_bmc_awaits_the_servers_of_its_systems_named_as_metal_operator_names_them() {
         let server = |name: &str| crate::fixtures::record("Server", name, &[], serde_json::json!({})).split().0;
@@ -448,7 +488,8 @@ mod tests {
             server("rack1-bmc-2-system-0"),
             server("other-bmc-system-0"),
         ];
-        assert_eq!(servers_of_bmc("rack1-bmc", &records), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
+        let names = |heads: Vec<&RecordHead>| heads.into_iter().map(|h| h.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(servers_of_bmc("rack1-bmc", &records)), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
         assert!(servers_of_bmc("rack2-bmc", &records).is_empty());
     }
 }

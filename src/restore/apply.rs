@@ -31,7 +31,8 @@ use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
 use crate::domain::pairing::{
-    ClaimView, METAL_GROUP, ServerView, SystemServers, View, claim_waits_for, servers_of_bmc,
+    ClaimView, METAL_GROUP, ServerIdentity, ServerView, SystemServers, View, claim_waits_for, servers_not_there,
+    servers_of_bmc,
 };
 use crate::domain::status;
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
@@ -76,6 +77,18 @@ pub struct Applier<'a> {
     shared_system_servers: Option<&'a SystemServers>,
     /// The system Servers of `snapshot_records`, read when a BMC first needs them.
     system_servers: SystemServers,
+    /// The target's Servers by identity, for what a BMC waits for.
+    live_servers: LiveServers<'a>,
+}
+
+/// Where an applier finds the target's Servers by identity (see [`servers_not_there`]).
+enum LiveServers<'a> {
+    /// Listed once, when the first BMC needs them (the one-shot restore: one listing a
+    /// restore, whatever the number of BMCs). A Server created after the listing is still
+    /// found by its name.
+    Listed(tokio::sync::OnceCell<Vec<ServerIdentity>>),
+    /// The caller's, from its own live index (the controller).
+    Given(&'a [ServerIdentity]),
 }
 
 impl<'a> Applier<'a> {
@@ -95,6 +108,38 @@ impl<'a> Applier<'a> {
             force,
             shared_system_servers: None,
             system_servers: SystemServers::default(),
+            live_servers: LiveServers::Listed(tokio::sync::OnceCell::new()),
+        }
+    }
+
+    /// The target's Servers that a BMC's Servers may be, as the caller knows them (its live
+    /// index) instead of a listing.
+    pub fn with_live_servers(mut self, servers: &'a [ServerIdentity]) -> Self {
+        self.live_servers = LiveServers::Given(servers);
+        self
+    }
+
+    /// The target's Servers by identity: the caller's, or every Server listed once.
+    async fn live_servers(&self, servers: &KindProfile) -> Result<&[ServerIdentity]> {
+        match &self.live_servers {
+            LiveServers::Given(given) => Ok(given),
+            LiveServers::Listed(listed) => {
+                let listed = listed
+                    .get_or_try_init(|| async {
+                        let mut out = Vec::new();
+                        self.writer
+                            .list_all(servers, |object| {
+                                let keys = servers.keys_of(object);
+                                out.push(ServerIdentity { name: object.meta.name.to_string(), keys });
+                                Ok(())
+                            })
+                            .await?;
+                        info!(servers = out.len(), "listed the target's Servers to find BMCs' Servers by identity");
+                        Ok::<_, Error>(out)
+                    })
+                    .await?;
+                Ok(listed)
+            }
         }
     }
 
@@ -523,7 +568,8 @@ impl<'a> WriteSequence<'a> {
     ///   metal-operator would try to bind again;
     /// - a BMC, for its Servers: metal-operator creates each system's Server itself (named
     ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
-    ///   and does not copy the source's. The snapshot tells which Servers the BMC had.
+    ///   and does not copy the source's. The snapshot tells which Servers the BMC had; they are
+    ///   found on the target by identity (see [`WriteSequence::bmc_waits`]).
     ///
     /// And a Server whose status, the snapshot's (`snapshots_status`), says `Available` while
     /// its spec names a claim was bound after the snapshot (a disaster recovery from an older
@@ -555,10 +601,7 @@ impl<'a> WriteSequence<'a> {
                     Some(View::Claim(claim)) => return self.claim_waits(servers, &claim).await,
                     _ => vec![],
                 },
-                ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.system_servers()?)
-                    .into_iter()
-                    .map(|name| (servers, None, name.to_string()))
-                    .collect(),
+                ("BMC", _, Some(servers)) => return self.bmc_waits(servers).await,
                 _ => vec![],
             };
         for (kind, namespace, name) in wanted {
@@ -566,6 +609,35 @@ impl<'a> WriteSequence<'a> {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
                     return Ok(Some(format!("waits for {}", ObjectRef { kind: kind.kind.clone(), namespace, name })));
+                }
+                Err(e) => {
+                    return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// What a BMC waits for: each Server the snapshot holds for it, found on the target by
+    /// identity (its systemUUID) or by name (see [`servers_not_there`]); one found by neither
+    /// among the Servers the applier knows is looked up by name (created since the listing, or
+    /// outside the controller's selection).
+    async fn bmc_waits(&self, servers: &KindProfile) -> Result<Option<String>> {
+        let recorded = servers_of_bmc(&self.current.name, self.applier.system_servers()?);
+        if recorded.is_empty() {
+            return Ok(None);
+        }
+        let live = self.applier.live_servers(servers).await?;
+        for head in servers_not_there(&recorded, live) {
+            match self.applier.writer.get_named(servers, None, &head.name).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    let keys: Vec<String> = head.keys.iter().map(ToString::to_string).collect();
+                    let by = match keys.is_empty() {
+                        true => String::new(),
+                        false => format!(" (or a Server with {})", keys.join(", ")),
+                    };
+                    return Ok(Some(format!("waits for Server {}{by}", head.name)));
                 }
                 Err(e) => {
                     return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e));
@@ -1002,6 +1074,99 @@ mod tests {
         // Restored Reserved for the claim, and still held by restatus (quiesced) for the claim.
         let outcome = restore_claim(server_as(json!({"state": "Reserved"}), ours), true).await;
         assert_eq!(outcome.held, None);
+    }
+
+    /// Issue 21, item 4: a BMC's Servers are found by identity. The snapshot holds
+    /// `bmc-1-system-0` for bmc-1; on the target that machine's Server is `renamed` (the same
+    /// systemUUID): bmc-1 is released. The target's Servers are listed once a restore: bmc-2,
+    /// whose Server is nowhere, is then held after a look-up by name, without a second listing.
+    #[tokio::test]
+    async fn a_bmcs_server_under_another_name_releases_it_and_servers_are_listed_once() {
+        const BMCS: &str = "/apis/metal.ironcore.dev/v1alpha1/bmcs";
+        let bmc = |name: &str, rv: &str, annotations: Value, status: Value| {
+            json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
+                   "metadata": {"name": name, "uid": format!("u-{name}"), "resourceVersion": rv, "annotations": annotations},
+                   "spec": {"bmcUUID": format!("b-{name}")}, "status": status})
+            .to_string()
+        };
+        let ready = json!({"state": "Enabled", "powerState": "On"});
+        let (client, handle) = api::client();
+        let script = tokio::spawn({
+            let ready = ready.clone();
+            async move {
+                let mut api = handle;
+                for (name, found) in [("bmc-1", true), ("bmc-2", false)] {
+                    let path = format!("{BMCS}/{name}");
+                    let (method, at, _) = answer(&mut api, StatusCode::OK, bmc(name, "2", quiesced(), json!({}))).await;
+                    assert_eq!((method, at.as_str()), (Method::PATCH, path.as_str()), "quiesce");
+                    let (method, at, _) =
+                        answer(&mut api, StatusCode::OK, bmc(name, "3", quiesced(), ready.clone())).await;
+                    assert_eq!((method, at), (Method::PUT, format!("{path}/status")));
+                    if found {
+                        let (method, at, _) =
+                            answer(&mut api, StatusCode::OK, api::server_page(&["renamed"], "", None)).await;
+                        assert_eq!(
+                            (method, at.as_str()),
+                            (Method::GET, "/apis/metal.ironcore.dev/v1alpha1/servers"),
+                            "listed"
+                        );
+                    } else {
+                        let (method, at, _) =
+                            answer(&mut api, StatusCode::NOT_FOUND, not_found("bmc-2-system-0")).await;
+                        assert_eq!(
+                            (method, at.as_str()),
+                            (Method::GET, "/apis/metal.ironcore.dev/v1alpha1/servers/bmc-2-system-0"),
+                            "looked up by name, not listed again"
+                        );
+                    }
+                    let (method, at, body) =
+                        answer(&mut api, StatusCode::OK, bmc(name, "4", json!({}), ready.clone())).await;
+                    assert_eq!((method, at.as_str()), (Method::PUT, path.as_str()));
+                    let annotations = &body["metadata"]["annotations"];
+                    assert_eq!(annotations.get(QUIESCED_BY_ANNOTATION).is_none(), found, "{name}: {annotations}");
+                    assert_eq!(echo(&mut api).await.0, Method::POST);
+                }
+            }
+        });
+        let writer = Writer::scripted(client, &["BMC"]);
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("BMC").unwrap();
+        let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
+        let bmc_key = |name: &str| key("spec.bmcUUID", &format!("b-{name}"));
+        let records = Records::from_records(vec![
+            record("BMC", "bmc-1", &[bmc_key("bmc-1")], ready.clone()),
+            record("BMC", "bmc-2", &[bmc_key("bmc-2")], ready.clone()),
+            record("Server", "bmc-1-system-0", &[uuid("uuid-renamed")], json!({"state": "Reserved"})),
+            record("Server", "bmc-2-system-0", &[uuid("uuid-gone")], json!({"state": "Reserved"})),
+        ]);
+        let objects: Vec<LiveObject> = ["bmc-1", "bmc-2"]
+            .map(|name| LiveObject { uid: format!("u-{name}"), ..live("BMC", name, &[bmc_key(name)], None) })
+            .into();
+        let applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        let plan = plan::plan(&plan::PlanInput {
+            profile: &profile,
+            snapshot: &manifest.snapshot_id,
+            snapshot_time: Some(ts(SNAPSHOT_TIME)),
+            records: &records,
+            live: &objects,
+            force: false,
+            explain: false,
+        })
+        .unwrap();
+        let mut held = vec![];
+        for name in ["bmc-1", "bmc-2"] {
+            let item = plan.items.iter().find(|i| i.target.as_ref().is_some_and(|t| t.name == name)).unwrap();
+            let outcome = applier.apply_item(kind, item, &objects).await;
+            assert_eq!((outcome.verdict, outcome.error.as_deref()), (Verdict::Restore, None), "{name}");
+            held.push(outcome.held);
+        }
+        drop(writer);
+        script.await.expect("the scripted API server saw what it expected");
+        assert_eq!(held[0], None, "bmc-1's Server is there under another name");
+        assert_eq!(
+            held[1].as_deref(),
+            Some("waits for Server bmc-2-system-0 (or a Server with spec.systemUUID=uuid-gone)")
+        );
     }
 
     /// [`Writer::scripted`], the usual one.
