@@ -1422,3 +1422,86 @@ async fn a_crd_version_or_schema_change_gets_a_verdict_and_nothing_is_retried() 
         }
     }
 }
+
+/// Issue 21, item 4: a BMC's Servers are found by identity, not by the names the snapshot
+/// recorded. On the source, BMC `X-bmc` has its system's Server `X-bmc-system-0`, as
+/// metal-operator names it; on the target that machine's Server exists as `X-renamed` (the same
+/// systemUUID, `spec.bmcRef` naming the BMC). Both arrive quiesced, as after the handshake. The
+/// Server is restored and released; the BMC is restored and kept for a person with a reason
+/// naming both Servers (before: "waits for Server X-bmc-system-0", a Server that is not
+/// coming). Released, metal-operator v0.7.0 would create `X-bmc-system-0` again for the same
+/// machine (it creates a BMC's Servers by name) and discover it: a machine touched.
+#[tokio::test]
+async fn a_bmc_whose_server_is_on_the_target_under_another_name_is_held_with_why() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let name = unique("bmcid");
+    let selector = format!("{FLEET_LABEL}={name}");
+    let storage = bed.storage(&name);
+    let profile = Profile::metal_operator();
+    let (bmcs, servers) = (profile.kind("BMC").unwrap(), profile.kind("Server").unwrap());
+    let bmc = format!("{name}-bmc");
+    let (recorded, renamed) = (format!("{bmc}-system-0"), format!("{name}-renamed"));
+    let uuid = "4c4c4544-0000-4000-8000-000000000042";
+    let bmc_status = json!({"state": "Enabled", "powerState": "On", "macAddress": "02:00:5e:42:00:01"});
+    let server_status = json!({"state": "Available", "powerState": "Off", "serialNumber": "SN42"});
+    let make = async |client: &kube::Client, server_name: &str, annotations: serde_json::Value, status: bool| {
+        let bmc_object = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
+            "metadata": {"name": bmc, "labels": {FLEET_LABEL: name}, "annotations": annotations},
+            "spec": {"access": {"macAddress": "02:00:5e:42:00:01", "ip": "10.0.42.1"},
+                     "bmcSecretRef": {"name": "none"}, "protocol": {"name": "Redfish", "port": 443, "scheme": "https"}}});
+        let server_object = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+            "metadata": {"name": server_name, "labels": {FLEET_LABEL: name}, "annotations": annotations},
+            "spec": {"systemUUID": uuid, "bmcRef": {"name": bmc}, "power": "Off"}});
+        for (kind, object, object_status, object_name) in
+            [(bmcs, bmc_object, &bmc_status, bmc.as_str()), (servers, server_object, &server_status, server_name)]
+        {
+            let api = restatus::k8s::api_for(client, kind, None);
+            api.create(&PostParams::default(), &serde_json::from_value(object).unwrap()).await.unwrap();
+            if status {
+                let patch = json!({"status": object_status});
+                api.patch_status(object_name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+            }
+        }
+    };
+    make(&bed.source().await, &recorded, json!({}), true).await;
+    assert_success(&bed.restatus(&storage, &name, &["backup", "--selector", &selector]), "backup");
+    let lease_ns = lease_namespace(&bed).await;
+    let controller = Controller::start(&bed, &bed.target_kubeconfig, &storage, &name, &selector, &lease_ns);
+    controller.wait_ready().await;
+    let quiesced = json!({OPERATION_ANNOTATION: "ignore", QUIESCED_BY_ANNOTATION: "restatus"});
+    make(&bed.target().await, &renamed, quiesced, false).await;
+
+    // Bounded: the controller restores and releases within a second or so of an object's
+    // arrival; 30 s leaves room on a loaded machine.
+    let target = bed.target().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = fleet_state(&target, &name).await;
+        let restored = |kind: &str, object: &str, status: &serde_json::Value, held: bool| {
+            state.iter().any(|(k, (s, a))| {
+                k.starts_with(kind)
+                    && k.ends_with(&format!(" {object}"))
+                    && s == status
+                    && a.contains_key(RESTORED_FROM_ANNOTATION)
+                    && a.contains_key(QUIESCED_BY_ANNOTATION) == held
+                    && a.contains_key(OPERATION_ANNOTATION) == held
+            })
+        };
+        let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+        let why = format!("its Server {recorded} is on the target as {renamed}");
+        if restored("BMC", &bmc, &bmc_status, true)
+            && restored("Server", &renamed, &server_status, false)
+            && log.contains(&why)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not restored (the Server released, the BMC held with why) within 30 s: {state:#?}\nthe controller's log:\n{}",
+            std::fs::read_to_string(&controller.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(controller.stop().await.success(), "controller exit on SIGTERM");
+}

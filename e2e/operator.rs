@@ -1008,3 +1008,158 @@ async fn after_losing_the_source_the_last_snapshot_restores_the_fleet_and_holds_
     assert!(outcome.servers_changed().is_empty() && outcome.claims_unbound().is_empty());
     assert!(outcome.inventory_lost().is_empty());
 }
+
+/// Issue 21, item 4: a ServerClaim arrives on the target, and its Server only 30 s later. The
+/// fleet arrives as a handshake delivers it (every object quiesced by restatus), rebuilt from
+/// `clusterctl move --to-directory` without one bound Server's file; the target's operator and
+/// restore controller run throughout. The claim, restored Bound, stays quiesced while its
+/// Server is missing; the Server then arrives, is restored Reserved for it, and only after that
+/// (by the API server's resourceVersions, which one etcd orders on the test bed) is the claim
+/// released Bound. No machine is touched over the whole window.
+///
+/// 30 s is the issue's delay and three of the test bed's operator resyncs (10 s): had the
+/// claim been released Bound without its Server, the operator would have acted on it in that
+/// window.
+#[tokio::test]
+async fn a_claim_that_arrives_before_its_server_stays_quiesced_until_the_server_is_reserved_for_it() {
+    let _bed = OPERATOR_BED.lock().await;
+    let fx = Fleet::build("5").await;
+    let (source, target) = (fx.ob.bed.source().await, fx.ob.bed.target().await);
+    let out = fx.ob.bed.restatus(&fx.storage, &fx.name, &["backup", "--selector", &fx.selector()]);
+    assert_success(&out, "restatus backup");
+    let before = statuses(&source, &fx.name, &fx.ns).await;
+
+    // The specs, as the move carries them: every object of the profile quiesced by restatus.
+    let dir = fx.ob.bed.scratch.path().join("specs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut backup = fx.clusterctl(&["move", "-n", &fx.ns, "--to-directory", dir.to_str().unwrap(), "--kubeconfig"]);
+    backup.arg(&fx.ob.bed.source_kubeconfig);
+    assert_success(&backup.output().unwrap(), "clusterctl move --to-directory");
+    fx.ob.testbed(&["operator", "down", "source"]).await;
+    let (late, claim) = (fx.servers[0].clone(), format!("{}-m0", fx.name));
+    let held_back = fx.ob.bed.scratch.path().join("late-server.json");
+    let quiesce = [format!("{OPERATION_ANNOTATION}=ignore"), format!("{QUIESCED_BY_ANNOTATION}=restatus")];
+    // clusterctl names each object's file `Kind_namespace_name.yaml` (JSON inside).
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let kind = file.split('_').next().unwrap_or_default();
+        if !["BMC", "Server", "ServerClaim", "ServerBootConfiguration"].contains(&kind) {
+            continue;
+        }
+        let mut annotate = std::process::Command::new(&fx.ob.bed.kubectl);
+        annotate.args(["annotate", "--local", "--overwrite", "-o", "json", "-f"]).arg(&path).args(&quiesce);
+        let annotated = annotate.output().unwrap();
+        assert_success(&annotated, "kubectl annotate --local");
+        let late_server = file == format!("Server__{late}.yaml");
+        std::fs::write(if late_server { &held_back } else { &path }, &annotated.stdout).unwrap();
+        if late_server {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    assert!(held_back.exists(), "Server {late} among the specs");
+
+    let (mark, logs) = (fx.ob.mark(), fx.ob.log_marks());
+    fx.ob.testbed(&["operator", "up", "target"]).await;
+    let _boot = BootStandIn::start(target.clone(), fx.ns.clone(), fx.name.clone());
+    let _restorer = fx.restore_controller();
+    let states = StateLog::start(&target, &fx.name);
+    let order = ReleaseOrder::start(&target, &fx.ns, &late, &claim);
+    let mut rebuild = fx.clusterctl(&["move", "--from-directory", dir.to_str().unwrap(), "--to-kubeconfig"]);
+    rebuild.arg(&fx.ob.bed.target_kubeconfig);
+    assert_success(&rebuild.output().unwrap(), "clusterctl move --from-directory");
+
+    let claims = api(&target, METAL, "ServerClaim", "serverclaims", Some(&fx.ns));
+    let quiesced = async || {
+        let c = claims.get(&claim).await.unwrap();
+        c.metadata.annotations.unwrap_or_default().contains_key(QUIESCED_BY_ANNOTATION)
+    };
+    wait_for("the claim restored Bound on the target", Duration::from_secs(60), async || {
+        claims.get(&claim).await.unwrap().data["status"]["phase"] == "Bound"
+    })
+    .await;
+    // Its Server is missing by construction: nothing to wait for but the window itself.
+    let window = Duration::from_secs(30);
+    let arrived = Instant::now();
+    while arrived.elapsed() < window {
+        assert!(
+            quiesced().await,
+            "claim {claim} released {:?} after it was restored, its Server missing",
+            arrived.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let create = fx.ob.bed.kubectl(&fx.ob.bed.target_kubeconfig, &["create", "-f", held_back.to_str().unwrap()]);
+    assert_success(&create, "the late Server created");
+    let restored_in = wait_restored(&fx, &before, Duration::from_secs(60)).await;
+    let (reserved, released) = order.stop();
+    tokio::time::sleep(SETTLE).await;
+    let outcome = fx.outcome("5 claim before its Server", (mark, logs), states, before).await;
+    fx.ob.say(format!(
+        "[5] claim {claim} quiesced for {window:?} without its Server; Server {late} created, everything \
+         released {restored_in:?} later; Server Reserved for it at resourceVersion {reserved}, claim released at {released}"
+    ));
+    outcome.print(&fx.ob);
+
+    assert!(
+        reserved < released,
+        "the claim was released ({released}) before its Server was Reserved for it ({reserved})"
+    );
+    outcome.assert_no_machine_touched_and_nothing_lost(&fx).await;
+}
+
+/// From a watch of the target: the resourceVersion at which Server `server` was first seen
+/// `Reserved` for claim `claim`, and the one at which the claim was first seen without
+/// restatus's quiesce. One etcd serves the test bed's API server, so its resourceVersions
+/// (etcd revisions) order the two.
+struct ReleaseOrder {
+    seen: Arc<Mutex<(u64, u64)>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ReleaseOrder {
+    fn start(client: &kube::Client, ns: &str, server: &str, claim: &str) -> ReleaseOrder {
+        let seen: Arc<Mutex<(u64, u64)>> = Arc::new(Mutex::new((u64::MAX, u64::MAX)));
+        let rv =
+            |o: &DynamicObject| o.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+        let mut tasks = Vec::new();
+        let servers = api(client, METAL, "Server", "servers", None);
+        let (sink, name, claim_name) = (seen.clone(), server.to_string(), claim.to_string());
+        tasks.push(tokio::spawn(async move {
+            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let mut events = watcher(servers, config).boxed();
+            while let Some(Ok(event)) = events.next().await {
+                if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event
+                    && o.data["status"]["state"] == "Reserved"
+                    && o.data["spec"]["serverClaimRef"]["name"] == claim_name.as_str()
+                {
+                    let mut seen = sink.lock().unwrap();
+                    seen.0 = seen.0.min(rv(&o));
+                }
+            }
+        }));
+        let claims = api(client, METAL, "ServerClaim", "serverclaims", Some(ns));
+        let (sink, name) = (seen.clone(), claim.to_string());
+        tasks.push(tokio::spawn(async move {
+            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let mut events = watcher(claims, config).boxed();
+            while let Some(Ok(event)) = events.next().await {
+                if let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = event
+                    && !o.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(QUIESCED_BY_ANNOTATION))
+                {
+                    let mut seen = sink.lock().unwrap();
+                    seen.1 = seen.1.min(rv(&o));
+                }
+            }
+        }));
+        ReleaseOrder { seen, tasks }
+    }
+
+    /// (Server Reserved for the claim, claim released); `u64::MAX` for what was not seen.
+    fn stop(self) -> (u64, u64) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        *self.seen.lock().unwrap()
+    }
+}

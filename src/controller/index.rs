@@ -150,6 +150,23 @@ impl LiveIndex {
         self.objects.iter().filter(move |(_, e)| waits(e)).map(|(uid, _)| uid)
     }
 
+    /// ServerClaims that still carry restatus's `ignore`: restored, maybe waiting for their
+    /// Server to be Reserved for them.
+    pub fn held_claims(&self) -> impl Iterator<Item = &Uid> {
+        let waits = |e: &Entry| self.kinds.get(e.kind) == "ServerClaim" && quiesced(e);
+        self.objects.iter().filter(move |(_, e)| waits(e)).map(|(uid, _)| uid)
+    }
+
+    /// The index holds `object` (by uid) with another status, or none.
+    pub fn status_changed(&self, object: &LiveObject) -> bool {
+        let Some(entry) = self.objects.get(object.uid.as_str()) else { return false };
+        match (&entry.status, &object.status) {
+            (None, None) => false,
+            (Some(old), Some(new)) => !old.same_as(new),
+            _ => true,
+        }
+    }
+
     /// Objects that carry restatus's `ignore`.
     pub fn quiesced(&self) -> usize {
         self.objects.values().filter(|e| quiesced(e)).count()
@@ -178,6 +195,17 @@ impl LiveIndex {
             annotations: e.annotations.clone(),
             status_written_at: e.status_written_at,
         })
+    }
+
+    /// The live objects of `kind` carrying one of `keys`, each once.
+    pub fn carrying<'k>(&self, kind: &str, keys: impl IntoIterator<Item = &'k IdentityKey>) -> Vec<LiveObject> {
+        let mut uids: BTreeSet<&Uid> = BTreeSet::new();
+        for key in keys {
+            uids.extend(self.by_key.get(&key.digest(kind)).into_iter().flatten());
+        }
+        let objects = uids.into_iter().filter_map(|u| self.get(u));
+        // A digest is a candidate; the key itself confirms it.
+        objects.filter(|o| o.kind == kind).collect()
     }
 
     /// Where the first record carrying one of the object's keys is in the payload (see

@@ -7,8 +7,9 @@
 //! appears with an empty status gets its status back, a restored one is "already equal", and
 //! ambiguity is judged exactly as the one-shot plan judges it. The newest good snapshot is
 //! reloaded every `snapshot_refresh`; a new one makes every object dirty again. A Server or
-//! ServerClaim that appears makes the BMCs and Servers restatus still keeps ignored dirty: one
-//! may be waiting for it.
+//! ServerClaim that appears makes the BMCs, Servers and claims restatus still keeps ignored
+//! dirty: one may be waiting for it; a Server whose status changes makes the claims it keeps
+//! ignored dirty: one may be waiting for it to be Reserved for it.
 
 pub mod http;
 pub mod index;
@@ -27,6 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
+use crate::domain::pairing::{METAL_GROUP, ServerIdentity, servers_of_bmc};
 use crate::format::Records;
 use crate::k8s::Writer;
 use crate::k8s::leader::{Fence, Leadership, LeaseTiming};
@@ -176,11 +178,14 @@ impl Loop {
     fn apply(&mut self, ctx: &Context, change: Change) {
         match change {
             Change::Upsert(object) => {
-                // An object restatus keeps ignored may be waiting for this one.
+                // An object restatus keeps ignored may be waiting for this one: for it to
+                // appear, or (a claim) for its Server to become Reserved for it.
                 let partner = matches!(object.kind.as_str(), "Server" | "ServerClaim");
+                let now = Instant::now();
                 if partner && !self.live.contains(&object.uid) {
-                    let now = Instant::now();
                     self.dirty.extend(self.live.held().map(|uid| (uid.clone(), now)));
+                } else if object.kind == "Server" && self.live.status_changed(&object) {
+                    self.dirty.extend(self.live.held_claims().map(|uid| (uid.clone(), now)));
                 }
                 let uid = self.live.upsert(*object);
                 self.dirty.entry(uid).or_insert_with(Instant::now);
@@ -380,7 +385,16 @@ async fn process(
                     let failed = match live.neighbourhood(uid, &snapshot) {
                         Some(Ok((records, objects))) => {
                             let dirty = Dirty { uid, seen: *seen, failing: retries.contains(uid) };
-                            reconcile(ctx, kind, &snapshot, &records, &objects, dirty).await
+                            match bmc_servers(kind, &snapshot, live, &objects, uid) {
+                                Ok(servers) => {
+                                    reconcile(ctx, kind, &snapshot, (&records, &objects, &servers), dirty).await
+                                }
+                                Err(e) => {
+                                    ctx.metrics.errors.inc();
+                                    warn!(uid = &**uid, error = %e, "cannot read the BMC's Servers from the snapshot; retried after a backoff");
+                                    true
+                                }
+                            }
                         }
                         Some(Err(e)) => {
                             ctx.metrics.errors.inc();
@@ -400,6 +414,25 @@ async fn process(
     results
 }
 
+/// For a BMC restatus holds: the live Servers that share an identity key (systemUUID) with a
+/// Server the snapshot holds for it, from the live index, so that its wait finds them by
+/// identity whatever their names (see `restore::apply`). Nothing for other objects.
+fn bmc_servers(
+    kind: &KindProfile,
+    snapshot: &SnapshotIndex,
+    live: &LiveIndex,
+    objects: &[LiveObject],
+    uid: &str,
+) -> Result<Vec<ServerIdentity>> {
+    let Some(bmc) = objects.iter().find(|o| o.uid == uid) else { return Ok(vec![]) };
+    if kind.kind != "BMC" || kind.group != METAL_GROUP || !bmc.quiesced_by_restatus() {
+        return Ok(vec![]);
+    }
+    let recorded = servers_of_bmc(&bmc.name, snapshot.system_servers.get(&snapshot.records)?);
+    let servers = live.carrying("Server", recorded.iter().flat_map(|r| &r.keys));
+    Ok(servers.into_iter().map(|s| ServerIdentity { name: s.name, keys: s.keys }).collect())
+}
+
 /// A dirty object: its uid, when its change was seen, and whether its last restore failed.
 struct Dirty<'a> {
     uid: &'a str,
@@ -407,13 +440,13 @@ struct Dirty<'a> {
     failing: bool,
 }
 
-/// One object: the plan's verdict for it, applied if it writes. True when the write failed.
+/// One object: the plan's verdict for it, applied if it writes (with its records, the live
+/// objects around it and, for a BMC, its Servers on the target). True when the write failed.
 async fn reconcile(
     ctx: &Context,
     kind: &KindProfile,
     snapshot: &SnapshotIndex,
-    records: &Records,
-    objects: &[LiveObject],
+    (records, objects, servers): (&Records, &[LiveObject], &[ServerIdentity]),
     Dirty { uid, seen, failing }: Dirty<'_>,
 ) -> bool {
     let manifest = &snapshot.manifest;
@@ -456,7 +489,8 @@ async fn reconcile(
         }
     };
     let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
-        .with_snapshot_records(&snapshot.records, &snapshot.system_servers);
+        .with_snapshot_records(&snapshot.records, &snapshot.system_servers)
+        .with_live_servers(servers);
     let outcome = applier.apply_item(kind, item, objects).await;
     if let Some(error) = &outcome.error {
         ctx.metrics.errors.inc();
@@ -671,6 +705,40 @@ mod tests {
         uids.sort();
         assert_eq!(uids, ["y", "z"]);
         assert!(!state.dirty.contains_key("x") && state.retries.is_empty(), "x is forgotten everywhere");
+    }
+
+    /// Issue 21, item 4: a claim restatus holds until its Server is Reserved for it is tried
+    /// again when that Server's status changes, not only when a Server appears; a Server
+    /// event that leaves its status as it was makes nothing dirty.
+    #[tokio::test]
+    async fn a_held_claim_is_tried_again_when_its_servers_status_changes() {
+        use crate::domain::annotations::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+        let ctx = context();
+        let mut state = state(&ctx);
+        let mut claim = fixtures::live("ServerClaim", "c", &[fixtures::key("namespace/name", "a/c")], None);
+        claim.namespace = Some("a".into());
+        claim.annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+        claim.annotations.insert(QUIESCED_BY_ANNOTATION.into(), "restatus".into());
+        let free = fixtures::live("ServerClaim", "f", &[fixtures::key("namespace/name", "a/f")], None);
+        let server = |status: Option<serde_json::Value>| {
+            let mut server = fixtures::live("Server", "s", &[uuid("s")], status);
+            server.resource_version = "2".into();
+            Box::new(server.compact())
+        };
+        state.apply(&ctx, Change::Upsert(Box::new(claim)));
+        state.apply(&ctx, Change::Upsert(Box::new(free)));
+        state.apply(&ctx, Change::Upsert(server(None)));
+        state.dirty.clear();
+        state.apply(&ctx, Change::Upsert(server(None)));
+        assert_eq!(state.dirty.keys().map(|u| &**u).collect::<Vec<_>>(), ["s"], "the same status: only itself");
+        state.dirty.clear();
+        state.apply(&ctx, Change::Upsert(server(Some(serde_json::json!({"state": "Reserved"})))));
+        let mut dirty: Vec<&str> = state.dirty.keys().map(|u| &**u).collect();
+        dirty.sort();
+        assert_eq!(dirty, ["c", "s"], "the held claim is tried again, the free one is not");
+        state.dirty.clear();
+        state.apply(&ctx, Change::Upsert(server(Some(serde_json::json!({"state": "Reserved"})))));
+        assert_eq!(state.dirty.len(), 1, "unchanged again");
     }
 
     #[tokio::test]

@@ -156,6 +156,11 @@ impl LiveStatus {
         self.canonical == canonical_digest(value)
     }
 
+    /// Equal to `other` as JSON (compacted or not).
+    pub fn same_as(&self, other: &LiveStatus) -> bool {
+        self.canonical == other.canonical
+    }
+
     /// Equal to `raw` as JSON.
     pub fn equals(&self, raw: &RawValue) -> bool {
         self.same_bytes(raw) || serde_json::from_str::<Value>(raw.get()).is_ok_and(|v| self.same_value(&v))

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::Result;
 use crate::domain::identity::KindProfile;
 use crate::domain::object::RawObject;
-use crate::format::{Names, ObjectRef, RecordHead, Records, digest};
+use crate::format::{IdentityKey, Names, ObjectRef, RecordHead, Records, digest};
 
 /// The API group whose Servers and ServerClaims pair up.
 pub const METAL_GROUP: &str = "metal.ironcore.dev";
@@ -238,6 +238,33 @@ impl Views {
     }
 }
 
+/// What a restored ServerClaim waits for before metal-operator may see it, given its Server
+/// as the target holds it (`None`: not there). A claim that names a Server waits for it to
+/// exist; a Bound claim also for it to be `Reserved` for this claim (`spec.serverClaimRef`
+/// naming the claim's namespace/name): released Bound before that, metal-operator finds a
+/// Bound claim whose Server is not its own and binds again. A Server restored `Reserved` for
+/// the claim counts, even while restatus holds it (waiting for the claim in turn): the two
+/// never wait for each other.
+pub fn claim_waits_for(claim: &ClaimView, server: Option<&ServerView>) -> Option<String> {
+    let name = claim.server.as_deref()?;
+    let Some(server) = server else { return Some(format!("waits for Server {name}")) };
+    if claim.phase != "Bound" {
+        return None;
+    }
+    let own = (claim.namespace.clone(), claim.name.clone());
+    if server.state == "Reserved" && server.claim.as_ref() == Some(&own) {
+        return None;
+    }
+    let claim_ref = match &server.claim {
+        Some((ns, n)) => format!("{ns}/{n}"),
+        None => "none".into(),
+    };
+    Some(format!(
+        "waits for Server {name} to be Reserved for it (now {:?}, spec.serverClaimRef {claim_ref})",
+        server.state
+    ))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
     pub object: ObjectRef,
@@ -265,9 +292,49 @@ impl SystemServers {
     }
 }
 
+/// A Server on the target as a BMC's wait sees it: its name and identity keys
+/// (`spec.systemUUID`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerIdentity {
+    pub name: String,
+    pub keys: Vec<IdentityKey>,
+}
+
+/// How a Server the snapshot holds for a BMC stands on the target, when not as it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerThere {
+    /// No Server on the target has its name or any of its identity keys.
+    Missing,
+    /// A Server has one of its identity keys (the same `spec.systemUUID`) under another name.
+    /// metal-operator (v0.7.0 `discoverServers`) creates and patches a BMC's Servers by name
+    /// (`<bmc>-system-<n>`): released, the BMC would get a second Server for the same machine,
+    /// and its discovery would power the machine on. A person decides.
+    Renamed { name: String, key: IdentityKey },
+}
+
+/// The Servers the snapshot holds for a BMC (see [`servers_of_bmc`]) that are not on the
+/// target as they were: found by neither name nor identity, or found by identity (the same
+/// `spec.systemUUID`) under another name. Pure; `live` may hold any Servers.
+pub fn servers_not_there<'r>(
+    recorded: &[&'r RecordHead],
+    live: &[ServerIdentity],
+) -> Vec<(&'r RecordHead, ServerThere)> {
+    recorded
+        .iter()
+        .filter(|r| !live.iter().any(|s| s.name == r.name))
+        .map(|r| {
+            let renamed = live.iter().find_map(|s| {
+                let key = s.keys.iter().find(|k| r.keys.contains(k))?;
+                Some(ServerThere::Renamed { name: s.name.clone(), key: key.clone() })
+            });
+            (*r, renamed.unwrap_or(ServerThere::Missing))
+        })
+        .collect()
+}
+
 /// The Servers the snapshot holds for BMC `bmc`, by metal-operator's naming of the Servers a
 /// BMC's systems get: `<bmc>-system-<index>`.
-pub fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r str> {
+pub fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r RecordHead> {
     let prefix = format!("{bmc}-system-");
     // `records` are metal-operator Servers already (see `SystemServers`).
     records
@@ -275,7 +342,6 @@ pub fn servers_of_bmc<'r>(bmc: &str, records: &'r [RecordHead]) -> Vec<&'r str> 
         .filter(|r| {
             r.name.strip_prefix(&prefix).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         })
-        .map(|r| r.name.as_str())
         .collect()
 }
 
@@ -381,6 +447,67 @@ mod tests {
         assert_eq!(ClaimView::from_raw(&c), claim("a", "c1", "Bound", Some("s1")));
     }
 
+    /// Issue 21, item 4: a Bound claim waits for its Server to exist and to be Reserved for
+    /// it; a Server held by restatus for the claim (restored Reserved, pointing back) counts.
+    #[test]
+    fn a_bound_claim_waits_for_its_server_to_be_reserved_for_it() {
+        let bound = claim("a", "c1", "Bound", Some("s1"));
+        assert_eq!(claim_waits_for(&bound, None).as_deref(), Some("waits for Server s1"));
+        let bare = server("s1", "", Some(("a", "c1")));
+        assert_eq!(
+            claim_waits_for(&bound, Some(&bare)).as_deref(),
+            Some("waits for Server s1 to be Reserved for it (now \"\", spec.serverClaimRef a/c1)")
+        );
+        let other = server("s1", "Reserved", Some(("a", "c2")));
+        assert_eq!(
+            claim_waits_for(&bound, Some(&other)).as_deref(),
+            Some("waits for Server s1 to be Reserved for it (now \"Reserved\", spec.serverClaimRef a/c2)")
+        );
+        let unclaimed = server("s1", "Reserved", None);
+        assert!(claim_waits_for(&bound, Some(&unclaimed)).unwrap().contains("spec.serverClaimRef none"));
+        let other_namespace = server("s1", "Reserved", Some(("b", "c1")));
+        assert!(claim_waits_for(&bound, Some(&other_namespace)).is_some());
+        assert_eq!(claim_waits_for(&bound, Some(&server("s1", "Reserved", Some(("a", "c1"))))), None);
+        // Not Bound: being bound by metal-operator, which needs it released; its Server must
+        // only be there.
+        let binding = claim("a", "c1", "", Some("s1"));
+        assert_eq!(claim_waits_for(&binding, Some(&bare)), None);
+        assert_eq!(claim_waits_for(&binding, None).as_deref(), Some("waits for Server s1"));
+        assert_eq!(claim_waits_for(&claim("a", "c1", "Bound", None), None), None);
+    }
+
+    /// Issue 21, item 4: a BMC's Server is found by identity: a Server on the target with the
+    /// recorded one's systemUUID is it, whatever its name; one with neither its name nor its
+    /// systemUUID is another machine.
+    #[test]
+    fn a_bmcs_server_is_found_by_its_system_uuid_whatever_its_name() {
+        let uuid = crate::fixtures::uuid;
+        let head = |name: &str, key: &str| {
+            crate::fixtures::record("Server", name, &[uuid(key)], serde_json::json!({})).split().0
+        };
+        let live = |name: &str, key: &str| ServerIdentity { name: name.into(), keys: vec![uuid(key)] };
+        let (s0, s1) = (head("bmc-system-0", "uuid-0"), head("bmc-system-1", "uuid-1"));
+        let recorded = [&s0, &s1];
+        let missing = |live: &[ServerIdentity]| {
+            servers_not_there(&recorded, live)
+                .into_iter()
+                .map(|(h, there)| match there {
+                    ServerThere::Missing => format!("{} missing", h.name),
+                    ServerThere::Renamed { name, key } => format!("{} is {name} by {key}", h.name),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(missing(&[]), ["bmc-system-0 missing", "bmc-system-1 missing"]);
+        assert_eq!(
+            missing(&[live("renamed", "uuid-0")]),
+            ["bmc-system-0 is renamed by spec.systemUUID=uuid-0", "bmc-system-1 missing"],
+            "found by systemUUID, not by name: there, under another name"
+        );
+        assert_eq!(missing(&[live("bmc-system-1", "other")]), ["bmc-system-0 missing"], "by name still");
+        assert_eq!(missing(&[live("bmc-system-0", "uuid-0"), live("bmc-system-1", "uuid-1")]), Vec::<String>::new());
+        assert_eq!(missing(&[live("stranger", "uuid-9")]).len(), 2, "another machine");
+    }
+
     #[test]
     fn a_bmc_awaits_the_servers_of_its_systems_named_as_metal_operator_names_them() {
         let server = |name: &str| crate::fixtures::record("Server", name, &[], serde_json::json!({})).split().0;
@@ -392,7 +519,8 @@ mod tests {
             server("rack1-bmc-2-system-0"),
             server("other-bmc-system-0"),
         ];
-        assert_eq!(servers_of_bmc("rack1-bmc", &records), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
+        let names = |heads: Vec<&RecordHead>| heads.into_iter().map(|h| h.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(servers_of_bmc("rack1-bmc", &records)), ["rack1-bmc-system-0", "rack1-bmc-system-1"]);
         assert!(servers_of_bmc("rack2-bmc", &records).is_empty());
     }
 }

@@ -178,6 +178,17 @@ impl Writer {
         self.get_named(kind, object.namespace.as_deref(), &object.name).await.map_err(|e| Error::kube(context(), e))
     }
 
+    /// Lists every object of `kind` (no selector: whatever the target holds), handing each to
+    /// `visit`. False when the kind is not served.
+    pub async fn list_all(
+        &self,
+        kind: &KindProfile,
+        visit: impl FnMut(&crate::domain::object::RawObject<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        let page = crate::k8s::PageRequest { size: crate::k8s::DEFAULT_PAGE_SIZE, selector: None, namespace: None };
+        crate::k8s::list_objects(&self.client, kind, &page, visit).await
+    }
+
     /// Reads an object of `kind` by name, raw.
     pub async fn get_named(
         &self,

@@ -30,7 +30,10 @@ use crate::domain::annotations::{self, NOT_RESTORED_ANNOTATION, RESTORED_FROM_AN
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
-use crate::domain::pairing::{ClaimView, METAL_GROUP, ServerView, SystemServers, View, servers_of_bmc};
+use crate::domain::pairing::{
+    ClaimView, METAL_GROUP, ServerIdentity, ServerThere, ServerView, SystemServers, View, claim_waits_for,
+    servers_not_there, servers_of_bmc,
+};
 use crate::domain::status;
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
 use crate::k8s::Writer;
@@ -74,6 +77,18 @@ pub struct Applier<'a> {
     shared_system_servers: Option<&'a SystemServers>,
     /// The system Servers of `snapshot_records`, read when a BMC first needs them.
     system_servers: SystemServers,
+    /// The target's Servers by identity, for what a BMC waits for.
+    live_servers: LiveServers<'a>,
+}
+
+/// Where an applier finds the target's Servers by identity (see [`servers_not_there`]).
+enum LiveServers<'a> {
+    /// Listed once, when the first BMC needs them (the one-shot restore: one listing a
+    /// restore, whatever the number of BMCs). A Server created after the listing is still
+    /// found by its name.
+    Listed(tokio::sync::OnceCell<Vec<ServerIdentity>>),
+    /// The caller's, from its own live index (the controller).
+    Given(&'a [ServerIdentity]),
 }
 
 impl<'a> Applier<'a> {
@@ -93,6 +108,38 @@ impl<'a> Applier<'a> {
             force,
             shared_system_servers: None,
             system_servers: SystemServers::default(),
+            live_servers: LiveServers::Listed(tokio::sync::OnceCell::new()),
+        }
+    }
+
+    /// The target's Servers that a BMC's Servers may be, as the caller knows them (its live
+    /// index) instead of a listing.
+    pub fn with_live_servers(mut self, servers: &'a [ServerIdentity]) -> Self {
+        self.live_servers = LiveServers::Given(servers);
+        self
+    }
+
+    /// The target's Servers by identity: the caller's, or every Server listed once.
+    async fn live_servers(&self, servers: &KindProfile) -> Result<&[ServerIdentity]> {
+        match &self.live_servers {
+            LiveServers::Given(given) => Ok(given),
+            LiveServers::Listed(listed) => {
+                let listed = listed
+                    .get_or_try_init(|| async {
+                        let mut out = Vec::new();
+                        self.writer
+                            .list_all(servers, |object| {
+                                let keys = servers.keys_of(object);
+                                out.push(ServerIdentity { name: object.meta.name.to_string(), keys });
+                                Ok(())
+                            })
+                            .await?;
+                        info!(servers = out.len(), "listed the target's Servers to find BMCs' Servers by identity");
+                        Ok::<_, Error>(out)
+                    })
+                    .await?;
+                Ok(listed)
+            }
         }
     }
 
@@ -516,11 +563,13 @@ impl<'a> WriteSequence<'a> {
     /// metal-operator's handling of a missing partner; the object waits for:
     /// - a Server, for its ServerClaim (`spec.serverClaimRef`): without it, metal-operator
     ///   powers the Server off, drops its boot configuration and frees it for other claims;
-    /// - a ServerClaim, for its Server (`spec.serverRef`): a Bound claim released before its
-    ///   Server exists is one metal-operator would try to bind again;
+    /// - a ServerClaim, for its Server (`spec.serverRef`), and a Bound one for that Server to be
+    ///   `Reserved` for it (see [`claim_waits_for`]): a Bound claim released before is one
+    ///   metal-operator would try to bind again;
     /// - a BMC, for its Servers: metal-operator creates each system's Server itself (named
     ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
-    ///   and does not copy the source's. The snapshot tells which Servers the BMC had.
+    ///   and does not copy the source's. The snapshot tells which Servers the BMC had; they are
+    ///   found on the target by identity (see [`WriteSequence::bmc_waits`]).
     ///
     /// And a Server whose status, the snapshot's (`snapshots_status`), says `Available` while
     /// its spec names a claim was bound after the snapshot (a disaster recovery from an older
@@ -549,13 +598,10 @@ impl<'a> WriteSequence<'a> {
                     _ => vec![],
                 },
                 ("ServerClaim", _, Some(servers)) => match self.view(written).await? {
-                    Some(View::Claim(ClaimView { server: Some(server), .. })) => vec![(servers, None, server)],
+                    Some(View::Claim(claim)) => return self.claim_waits(servers, &claim).await,
                     _ => vec![],
                 },
-                ("BMC", _, Some(servers)) => servers_of_bmc(&self.current.name, self.applier.system_servers()?)
-                    .into_iter()
-                    .map(|name| (servers, None, name.to_string()))
-                    .collect(),
+                ("BMC", _, Some(servers)) => return self.bmc_waits(servers).await,
                 _ => vec![],
             };
         for (kind, namespace, name) in wanted {
@@ -570,6 +616,54 @@ impl<'a> WriteSequence<'a> {
             }
         }
         Ok(None)
+    }
+
+    /// What a BMC waits for: each Server the snapshot holds for it, on the target under its
+    /// name. One found by neither name nor identity among the Servers the applier knows is
+    /// looked up by name (created since the listing, or outside the controller's selection);
+    /// one found by identity under another name holds the BMC for a person (see
+    /// [`ServerThere::Renamed`]).
+    async fn bmc_waits(&self, servers: &KindProfile) -> Result<Option<String>> {
+        let recorded = servers_of_bmc(&self.current.name, self.applier.system_servers()?);
+        if recorded.is_empty() {
+            return Ok(None);
+        }
+        let live = self.applier.live_servers(servers).await?;
+        for (head, there) in servers_not_there(&recorded, live) {
+            if let ServerThere::Renamed { name, key } = there {
+                return Ok(Some(format!(
+                    "its Server {} is on the target as {name} ({key}): metal-operator names a BMC's Servers \
+                     <bmc>-system-<n> and, released, would create {} again for the same machine and discover it; \
+                     rename {name} to {}, or remove restatus's ignore from this BMC to hand it over as it is",
+                    head.name, head.name, head.name
+                )));
+            }
+            match self.applier.writer.get_named(servers, None, &head.name).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {
+                    return Ok(Some(format!("waits for Server {}", head.name)));
+                }
+                Err(e) => {
+                    return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// What a claim waits for (see [`claim_waits_for`]): its Server, read by name.
+    async fn claim_waits(&self, servers: &KindProfile, claim: &ClaimView) -> Result<Option<String>> {
+        let Some(name) = claim.server.as_deref() else { return Ok(None) };
+        let server = match self.applier.writer.get_named(servers, None, name).await {
+            Ok(json) => {
+                let object = RawObject::parse(&json)
+                    .map_err(|e| self.invalid(format!("its Server {name} cannot be read: {e}")))?;
+                Some(ServerView::from_raw(&object))
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => None,
+            Err(e) => return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e)),
+        };
+        Ok(claim_waits_for(claim, server.as_ref()))
     }
 
     /// The object's pairing view (a Server's state and `spec.serverClaimRef`, a claim's
@@ -884,10 +978,10 @@ mod tests {
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 5, None));
     }
 
-    /// Issue 21, item 4 (F58): a ServerClaim restored Bound before its Server arrived stays
-    /// quiesced ("waits for Server …"); the controller tries it again when a Server appears.
-    #[tokio::test]
-    async fn a_claim_restored_before_its_server_arrives_stays_quiesced() {
+    /// Restores `a/claim-1` Bound (its `spec.serverRef` names `server-1`), the API server
+    /// answering the look-up of its Server with `server`; the claim is then released or kept
+    /// quiesced as `released` says. Returns the outcome.
+    async fn restore_claim(server: (StatusCode, String), released: bool) -> Outcome {
         let claim = |rv: &str, annotations: Value, status: Value| {
             json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
                    "metadata": {"name": "claim-1", "namespace": "a", "uid": "u-c", "resourceVersion": rv,
@@ -905,14 +999,19 @@ mod tests {
                 assert_eq!((method, path.as_str()), (Method::PATCH, CLAIM), "quiesce");
                 let (method, path, _) = answer(&mut api, StatusCode::OK, claim("3", quiesced(), bound)).await;
                 assert_eq!((method, path.as_str()), (Method::PUT, format!("{CLAIM}/status").as_str()));
-                let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
-                let (method, path, _) = answer(&mut api, StatusCode::NOT_FOUND, gone.to_string()).await;
+                let (method, path, _) = answer(&mut api, server.0, server.1).await;
                 assert_eq!((method, path.as_str()), (Method::GET, SERVER), "its Server is looked up");
-                let (method, _, body) = answer(&mut api, StatusCode::OK, claim("4", quiesced(), json!({}))).await;
-                assert_eq!(method, Method::PUT, "marked restored, not released");
+                let (method, _, body) = answer(&mut api, StatusCode::OK, claim("4", json!({}), json!({}))).await;
+                assert_eq!(method, Method::PUT, "marked restored");
                 let annotations = &body["metadata"]["annotations"];
-                assert_eq!(annotations[QUIESCED_BY_ANNOTATION], "restatus", "{annotations}");
-                assert_eq!(annotations[OPERATION_ANNOTATION], OPERATION_IGNORE, "{annotations}");
+                assert_eq!(annotations[RESTORED_FROM_ANNOTATION], snapshot_id(), "{annotations}");
+                if released {
+                    assert_eq!(annotations.get(QUIESCED_BY_ANNOTATION), None, "released: {annotations}");
+                    assert_eq!(annotations.get(OPERATION_ANNOTATION), None, "released: {annotations}");
+                } else {
+                    assert_eq!(annotations[QUIESCED_BY_ANNOTATION], "restatus", "held: {annotations}");
+                    assert_eq!(annotations[OPERATION_ANNOTATION], OPERATION_IGNORE, "held: {annotations}");
+                }
                 assert_eq!(echo(&mut api).await.0, Method::POST);
             }
         });
@@ -942,8 +1041,140 @@ mod tests {
         let outcome = applier.apply_item(kind, &plan.items[0], std::slice::from_ref(&object)).await;
         drop(writer);
         script.await.expect("the scripted API server saw what it expected");
-        assert_eq!((outcome.verdict, outcome.error), (Verdict::Restore, None));
+        assert_eq!((outcome.verdict, outcome.error.as_deref()), (Verdict::Restore, None));
+        outcome
+    }
+
+    /// Issue 21, item 4 (F58): a ServerClaim restored Bound before its Server arrived stays
+    /// quiesced ("waits for Server …"); the controller tries it again when a Server appears.
+    #[tokio::test]
+    async fn a_claim_restored_before_its_server_arrives_stays_quiesced() {
+        let outcome = restore_claim((StatusCode::NOT_FOUND, not_found("server-1")), false).await;
         assert_eq!(outcome.held.as_deref(), Some("waits for Server server-1"));
+    }
+
+    /// Issue 21, item 4: a Bound claim whose Server is there but not `Reserved` for it (bare,
+    /// as clusterctl creates it, or Reserved for another claim) stays quiesced, saying so; once
+    /// the Server is Reserved for it (restored by restatus, even while held itself for the
+    /// claim), the claim is released.
+    #[tokio::test]
+    async fn a_bound_claim_is_released_only_once_its_server_is_reserved_for_it() {
+        let server_as = |state: Value, claim: Value| {
+            let mut server: Value = serde_json::from_str(&server("5", quiesced(), state)).unwrap();
+            server["spec"]["serverClaimRef"] = claim;
+            (StatusCode::OK, server.to_string())
+        };
+        let ours = json!({"namespace": "a", "name": "claim-1"});
+        let outcome = restore_claim(server_as(Value::Null, ours.clone()), false).await;
+        let held = outcome.held.expect("held while its Server is bare");
+        assert!(held.starts_with("waits for Server server-1 to be Reserved for it"), "{held}");
+        let outcome =
+            restore_claim(server_as(json!({"state": "Reserved"}), json!({"namespace": "a", "name": "other"})), false)
+                .await;
+        let held = outcome.held.expect("held while its Server is Reserved for another claim");
+        assert!(held.contains("spec.serverClaimRef a/other"), "{held}");
+        let outcome = restore_claim(server_as(json!({"state": "Available"}), Value::Null), false).await;
+        assert!(outcome.held.expect("held while its Server is Available").contains("\"Available\""));
+        // Restored Reserved for the claim, and still held by restatus (quiesced) for the claim.
+        let outcome = restore_claim(server_as(json!({"state": "Reserved"}), ours), true).await;
+        assert_eq!(outcome.held, None);
+    }
+
+    /// Issue 21, item 4: a BMC's Servers are found by identity. The snapshot holds
+    /// `bmc-1-system-0` for bmc-1; on the target that machine's Server is `renamed` (the same
+    /// systemUUID): bmc-1 is held for a person with a reason that names both (released,
+    /// metal-operator would create `bmc-1-system-0` again for the same machine), not left
+    /// waiting for a Server that is not coming. The target's Servers are listed once a restore:
+    /// bmc-2, whose Server is nowhere, is then held after a look-up by name, without a second
+    /// listing.
+    #[tokio::test]
+    async fn a_bmcs_server_under_another_name_holds_it_with_why_and_servers_are_listed_once() {
+        const BMCS: &str = "/apis/metal.ironcore.dev/v1alpha1/bmcs";
+        let bmc = |name: &str, rv: &str, annotations: Value, status: Value| {
+            json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
+                   "metadata": {"name": name, "uid": format!("u-{name}"), "resourceVersion": rv, "annotations": annotations},
+                   "spec": {"bmcUUID": format!("b-{name}")}, "status": status})
+            .to_string()
+        };
+        let ready = json!({"state": "Enabled", "powerState": "On"});
+        let (client, handle) = api::client();
+        let script = tokio::spawn({
+            let ready = ready.clone();
+            async move {
+                let mut api = handle;
+                for (name, found) in [("bmc-1", true), ("bmc-2", false)] {
+                    let path = format!("{BMCS}/{name}");
+                    let (method, at, _) = answer(&mut api, StatusCode::OK, bmc(name, "2", quiesced(), json!({}))).await;
+                    assert_eq!((method, at.as_str()), (Method::PATCH, path.as_str()), "quiesce");
+                    let (method, at, _) =
+                        answer(&mut api, StatusCode::OK, bmc(name, "3", quiesced(), ready.clone())).await;
+                    assert_eq!((method, at), (Method::PUT, format!("{path}/status")));
+                    if found {
+                        let (method, at, _) =
+                            answer(&mut api, StatusCode::OK, api::server_page(&["renamed"], "", None)).await;
+                        assert_eq!(
+                            (method, at.as_str()),
+                            (Method::GET, "/apis/metal.ironcore.dev/v1alpha1/servers"),
+                            "listed"
+                        );
+                    } else {
+                        let (method, at, _) =
+                            answer(&mut api, StatusCode::NOT_FOUND, not_found("bmc-2-system-0")).await;
+                        assert_eq!(
+                            (method, at.as_str()),
+                            (Method::GET, "/apis/metal.ironcore.dev/v1alpha1/servers/bmc-2-system-0"),
+                            "looked up by name, not listed again"
+                        );
+                    }
+                    let (method, at, body) =
+                        answer(&mut api, StatusCode::OK, bmc(name, "4", json!({}), ready.clone())).await;
+                    assert_eq!((method, at.as_str()), (Method::PUT, path.as_str()));
+                    let annotations = &body["metadata"]["annotations"];
+                    assert!(annotations.get(QUIESCED_BY_ANNOTATION).is_some(), "{name} stays held: {annotations}");
+                    assert_eq!(echo(&mut api).await.0, Method::POST);
+                }
+            }
+        });
+        let writer = Writer::scripted(client, &["BMC"]);
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("BMC").unwrap();
+        let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
+        let bmc_key = |name: &str| key("spec.bmcUUID", &format!("b-{name}"));
+        let records = Records::from_records(vec![
+            record("BMC", "bmc-1", &[bmc_key("bmc-1")], ready.clone()),
+            record("BMC", "bmc-2", &[bmc_key("bmc-2")], ready.clone()),
+            record("Server", "bmc-1-system-0", &[uuid("uuid-renamed")], json!({"state": "Reserved"})),
+            record("Server", "bmc-2-system-0", &[uuid("uuid-gone")], json!({"state": "Reserved"})),
+        ]);
+        let objects: Vec<LiveObject> = ["bmc-1", "bmc-2"]
+            .map(|name| LiveObject { uid: format!("u-{name}"), ..live("BMC", name, &[bmc_key(name)], None) })
+            .into();
+        let applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        let plan = plan::plan(&plan::PlanInput {
+            profile: &profile,
+            snapshot: &manifest.snapshot_id,
+            snapshot_time: Some(ts(SNAPSHOT_TIME)),
+            records: &records,
+            live: &objects,
+            force: false,
+            explain: false,
+        })
+        .unwrap();
+        let mut held = vec![];
+        for name in ["bmc-1", "bmc-2"] {
+            let item = plan.items.iter().find(|i| i.target.as_ref().is_some_and(|t| t.name == name)).unwrap();
+            let outcome = applier.apply_item(kind, item, &objects).await;
+            assert_eq!((outcome.verdict, outcome.error.as_deref()), (Verdict::Restore, None), "{name}");
+            held.push(outcome.held);
+        }
+        drop(writer);
+        script.await.expect("the scripted API server saw what it expected");
+        let renamed = held[0].as_deref().unwrap_or_default();
+        assert!(
+            renamed.starts_with("its Server bmc-1-system-0 is on the target as renamed (spec.systemUUID=uuid-renamed)"),
+            "{renamed}"
+        );
+        assert_eq!(held[1].as_deref(), Some("waits for Server bmc-2-system-0"));
     }
 
     /// [`Writer::scripted`], the usual one.
