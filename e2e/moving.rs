@@ -187,6 +187,18 @@ impl Fixture {
             .unwrap()
     }
 
+    /// An admission policy on the source that refuses restatus's `ignore` on the Server
+    /// `server` (any update that leaves it unquiesced): its quiesce fails until it is removed.
+    async fn refuse_quiesce_of(&self, server: &str, tag: &str) -> InjectedPolicy {
+        let name = format!("{}-{tag}", self.fleet.name);
+        let the_server = format!("object.metadata.name == '{server}'");
+        let unquiesced = format!(
+            "!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)"
+        );
+        let kubeconfig = &self.bed.source_kubeconfig;
+        InjectedPolicy::deny_updates(&self.bed, kubeconfig, &name, "[servers]", &the_server, &unquiesced).await
+    }
+
     /// A source-role replica of a pair sharing `lease`: its process, its metrics URL and its log.
     fn replica(&self, lease: &str) -> (Reaped, String, std::path::PathBuf) {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -842,20 +854,7 @@ async fn a_source_leader_killed_mid_move_is_replaced_and_the_aborted_move_releas
 #[tokio::test]
 async fn a_source_leader_killed_in_the_middle_of_its_quiesce_releases_everything_after_an_abort() {
     let fx = Fixture::new(4, 2, 0).await;
-    let stuck = fx.fleet.server_name(2);
-    let name = format!("{}-stuck", fx.fleet.name);
-    let the_stuck_server = format!("object.metadata.name == '{stuck}'");
-    let unquiesced =
-        format!("!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)");
-    let stuck_policy = InjectedPolicy::deny_updates(
-        &fx.bed,
-        &fx.bed.source_kubeconfig,
-        &name,
-        "[servers]",
-        &the_stuck_server,
-        &unquiesced,
-    )
-    .await;
+    let stuck_policy = fx.refuse_quiesce_of(&fx.fleet.server_name(2), "stuck").await;
 
     let lease = unique("src-lease");
     let (mut a, a_url, a_log) = fx.replica(&lease);
@@ -936,19 +935,7 @@ async fn a_source_leader_killed_in_the_middle_of_its_quiesce_releases_everything
 async fn a_status_that_moves_on_before_the_quiesce_is_in_the_final_snapshot() {
     let fx = Fixture::new(4, 2, 0).await;
     let stuck = fx.fleet.server_name(2);
-    let name = format!("{}-late", fx.fleet.name);
-    let the_stuck_server = format!("object.metadata.name == '{stuck}'");
-    let unquiesced =
-        format!("!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)");
-    let policy = InjectedPolicy::deny_updates(
-        &fx.bed,
-        &fx.bed.source_kubeconfig,
-        &name,
-        "[servers]",
-        &the_stuck_server,
-        &unquiesced,
-    )
-    .await;
+    let policy = fx.refuse_quiesce_of(&stuck, "late").await;
     let (handshake, _, log) = fx.replica(&unique("src-lease"));
     let logs = [log.as_path()];
     let source = fx.bed.source().await;
