@@ -1,6 +1,7 @@
 //! Kubernetes clients: from an explicit kubeconfig file (tests use two clusters at once) or
 //! inferred the usual way (`KUBECONFIG`, `~/.kube/config`, in-cluster service account).
 
+use std::future::Future;
 use std::path::Path;
 use std::task::Poll;
 use std::time::Duration;
@@ -28,10 +29,14 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
 
 /// The controller's client: as [`client`], and every write passes `fence` just before it is
 /// sent, each retry again (a request refused there fails with [`NotLeading`]). Reads (and
-/// watches) pass always.
+/// watches) pass always. Below that, its connections are driven by a [`FencedExecutor`]: once
+/// the replica led and its lease is over, no connection sends another byte, so a write that
+/// passed the fence just before the process was stopped, and waited in the connection (for a
+/// TLS handshake, say), is never sent after it continues.
 pub async fn fenced_client(kubeconfig: Option<&Path>, context: Option<&str>, fence: &Fence) -> Result<kube::Client> {
+    let config = config(kubeconfig, context).await?;
     let builder =
-        ClientBuilder::try_from(config(kubeconfig, context).await?).map_err(|e| Error::kube("build client", e))?;
+        ClientBuilder::try_from((config, FencedExecutor(fence.clone()))).map_err(|e| Error::kube("build client", e))?;
     Ok(builder
         .with_layer(&FenceLayer(fence.clone()))
         .with_layer(&BufferLayer::new(REQUESTS_IN_FLIGHT))
@@ -89,6 +94,27 @@ async fn config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube
     // clonable one.
     config.default_retry = false;
     Ok(config)
+}
+
+/// Spawns the client's connection tasks (hyper's: they write requests to the socket and read
+/// answers) so that each stops at its next poll once the replica's lease is over
+/// ([`Fence::stopped`]): dropped, the connection closes without sending what it still held.
+/// A replica that lost its lease steps down and exits, so its reads end with it.
+#[derive(Clone)]
+struct FencedExecutor(Fence);
+
+impl<F> hyper::rt::Executor<F> for FencedExecutor
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, task: F) {
+        let fence = self.0.clone();
+        let mut task = Box::pin(task);
+        tokio::spawn(future::poll_fn(move |cx| match fence.stopped() {
+            true => Poll::Ready(()),
+            false => task.as_mut().poll(cx),
+        }));
+    }
 }
 
 /// Puts a [`Fence`] in front of every write.
@@ -198,7 +224,42 @@ pub async fn connect(
 mod tests {
     use super::*;
     use http::{Request, Response, StatusCode};
+    use hyper::rt::Executor;
+    use tokio::sync::oneshot;
     use tower::retry::Policy;
+
+    /// F63, the last gap: a connection task that was sending when the process was stopped
+    /// (a write past the fence, waiting for its connection's TLS handshake) is dropped at its
+    /// next poll once the lease is over, not run on; one of a replica that never led, or that
+    /// leads, runs.
+    #[tokio::test]
+    async fn a_connection_of_a_replica_whose_lease_is_over_sends_nothing_more() {
+        let fence = Fence::default();
+        let executor = FencedExecutor(fence.clone());
+        let runs = |executor: &FencedExecutor| {
+            let (done, ran) = oneshot::channel();
+            executor.execute(async move {
+                let _ = done.send(());
+            });
+            ran
+        };
+        assert!(runs(&executor).await.is_ok(), "a standby's connections run");
+        fence.set(Some(std::time::Instant::now() + Duration::from_secs(60)));
+        assert!(runs(&executor).await.is_ok(), "a leader's connections run");
+
+        // A connection in the middle of its work (parked on `go`) when the lease runs out.
+        let (go, wait) = oneshot::channel::<()>();
+        let (done, ran) = oneshot::channel::<()>();
+        executor.execute(async move {
+            let _ = wait.await;
+            let _ = done.send(());
+        });
+        tokio::task::yield_now().await;
+        fence.set(Some(std::time::Instant::now()));
+        assert!(fence.stopped());
+        go.send(()).unwrap();
+        assert!(ran.await.is_err(), "dropped at its next poll: it sent nothing more");
+    }
 
     /// The waits `policy` asks for, one per answer, until it gives up.
     fn waits_for(answer: impl Fn() -> Response<()>) -> Vec<Duration> {

@@ -93,9 +93,24 @@ impl Fence {
         });
     }
 
-    /// Another replica holds the Lease, or this one gave it up.
+    /// Whether this replica led and its lease is over (ran out, or taken by another replica):
+    /// it sends nothing more at all, not even bytes of a request already past the fence
+    /// (see [`crate::k8s::client::fenced_client`]). A replica that never led is not stopped.
+    pub fn stopped(&self) -> bool {
+        self.0.borrow().is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
+    /// Another replica holds the Lease, or this one gave it up. A replica that led keeps a
+    /// deadline in the past: [`Fence::stopped`] stays true until it leads again.
     fn revoke(&self) {
-        self.0.send_if_modified(|d| d.take().is_some());
+        let now = Instant::now();
+        self.0.send_if_modified(|d| match d {
+            Some(deadline) if *deadline > now => {
+                *deadline = now;
+                true
+            }
+            _ => false,
+        });
     }
 }
 
@@ -350,6 +365,23 @@ pub struct NotLeading {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A replica that led stays stopped when another takes its Lease (its connections send
+    /// nothing more); one that never led is not stopped; leading again opens it.
+    #[test]
+    fn a_replica_that_lost_its_lease_stays_stopped_until_it_leads_again() {
+        let fence = Fence::default();
+        assert!(!fence.stopped(), "never led");
+        fence.revoke();
+        assert!(!fence.stopped(), "a standby following another");
+        let timing = LeaseTiming::default();
+        fence.renewed(Instant::now(), &timing);
+        assert!(fence.may_write() && !fence.stopped());
+        fence.revoke();
+        assert!(!fence.may_write() && fence.stopped(), "lost: stopped");
+        fence.renewed(Instant::now(), &timing);
+        assert!(fence.may_write() && !fence.stopped(), "leads again");
+    }
 
     fn held_by(holder: &str, seconds: i32) -> LeaseSpec {
         LeaseSpec {
