@@ -699,3 +699,42 @@ impl InjectedPolicy {
         bed.kubectl(&self.kubeconfig, &[verb, "-f", self.file.to_str().unwrap()])
     }
 }
+
+/// `restatus keys generate DIR/NAME`: the private and public key files, and the key id.
+pub fn generate_keys(bed: &Bed, name: &str) -> (PathBuf, PathBuf, String) {
+    let base = bed.scratch.path().join(name);
+    let out = Command::new(env!("CARGO_BIN_EXE_restatus")).arg("keys").arg("generate").arg(&base).output().unwrap();
+    assert_success(&out, "keys generate");
+    // "key id <id>  ed25519:<base64>"
+    let id = stdout(&out).split_whitespace().nth(2).expect("key id").to_string();
+    let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
+    (with("key"), with("pub"), id)
+}
+
+/// What someone who can write the bucket can do: a snapshot made from `from`'s records with
+/// every status changed (`state: Forged`), its payload's size, sha256 and counts recomputed
+/// into a manifest dated now, written beside the real ones, unsigned. Its id.
+pub async fn forge(store: &SnapshotStore, from: &str) -> restatus::format::SnapshotId {
+    let (real, records) = records(store, from).await;
+    let mut encoder = restatus::format::PayloadEncoder::new(3).unwrap();
+    let mut payload = Vec::new();
+    for mut record in records {
+        let mut status: serde_json::Value = serde_json::from_str(record.status.get()).unwrap();
+        status["state"] = "Forged".into();
+        record.status = serde_json::value::RawValue::from_string(status.to_string()).unwrap();
+        encoder.push(&record).unwrap();
+        payload.extend(encoder.take_output());
+    }
+    let (tail, summary) = encoder.finish().unwrap();
+    payload.extend(tail);
+    let now = jiff::Timestamp::now();
+    let id = restatus::format::SnapshotId::new(now);
+    let capture =
+        restatus::format::CaptureSummary { kinds: real.kinds.clone(), ..restatus::format::CaptureSummary::empty() };
+    let manifest = Manifest::new(store.cluster_id(), id.clone(), now, &real.profile, capture, summary);
+    object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
+        .await
+        .unwrap();
+    store.put_manifest(&manifest).await.unwrap();
+    id
+}

@@ -105,6 +105,9 @@ fn chart_lints_clean_with_every_role_and_monitoring() {
         "s3.existingSecret=my-s3",
         "controller.existingSecret=my-s3-readonly",
         "s3.caBundle.configMap=my-ca",
+        "signing.keySecret=my-signing-key",
+        "signing.trustedKeys={ed25519:AAAA,ed25519:BBBB}",
+        "signing.trustedKeysConfigMap=my-trusted-keys",
     ];
     let mut args = vec!["lint", "--strict", CHART];
     for set in everything {
@@ -117,6 +120,65 @@ fn chart_lints_clean_with_every_role_and_monitoring() {
     // Before 1.30 no ValidatingAdmissionPolicy narrows the roles' RBAC: the chart refuses.
     let out = run(&helm, &["template", "x", CHART, "--kube-version", "1.29.9", "--set", "storage=s3://b/p"]);
     assert!(!out.status.success() && stderr(&out).contains("requires kubeVersion: >=1.30"), "{out:?}");
+}
+
+/// The signing key is a Secret mounted only where snapshots are written (the backup CronJob and
+/// the source role), the trusted public keys only where they are restored (the controller);
+/// by default neither is anywhere.
+#[test]
+fn chart_signing_key_only_where_backups_run_and_trusted_keys_only_where_restores_run() {
+    let all = ["backup.enabled=true", "controller.enabled=true", "source.enabled=true"];
+    let defaults = render("restatus", &all);
+    for word in ["RESTATUS_SIGNING_KEY", "RESTATUS_TRUSTED_KEYS", "signing-key", "trusted-keys"] {
+        assert!(!defaults.contains(word), "{word} rendered by default");
+    }
+    let signed = [
+        &all[..],
+        &[
+            "signing.keySecret=restatus-signing-key",
+            "signing.trustedKeys={ed25519:AAAA,ed25519:BBBB}",
+            "signing.trustedKeysConfigMap=restatus-trusted-keys",
+        ],
+    ]
+    .concat();
+    let objects = objects(&render("restatus", &signed));
+    let pod = |kind: &str, role: &str| {
+        let workload = objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"].as_str().unwrap().ends_with(role))
+            .unwrap_or_else(|| panic!("no {kind} for {role} among {:?}", kinds(&objects)));
+        let spec = if kind == "CronJob" {
+            &workload["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        } else {
+            &workload["spec"]["template"]["spec"]
+        };
+        spec.clone()
+    };
+    let env = |spec: &Value, name: &str| {
+        spec["containers"][0]["env"].as_array().unwrap().iter().find(|e| e["name"] == name).map(|e| e["value"].clone())
+    };
+    let volume = |spec: &Value, name: &str| {
+        spec["volumes"].as_array().into_iter().flatten().find(|v| v["name"] == name).cloned()
+    };
+    for (kind, role) in [("CronJob", "backup"), ("Deployment", "source")] {
+        let spec = pod(kind, role);
+        assert_eq!(env(&spec, "RESTATUS_SIGNING_KEY"), Some(json!("/etc/restatus/signing/signing.key")), "{role}");
+        assert_eq!(volume(&spec, "signing-key").unwrap()["secret"]["secretName"], "restatus-signing-key", "{role}");
+        assert_eq!((env(&spec, "RESTATUS_TRUSTED_KEYS"), volume(&spec, "trusted-keys")), (None, None), "{role}");
+    }
+    let spec = pod("Deployment", "controller");
+    assert_eq!(
+        (env(&spec, "RESTATUS_SIGNING_KEY"), volume(&spec, "signing-key")),
+        (None, None),
+        "no signing key where restores run"
+    );
+    assert_eq!(
+        env(&spec, "RESTATUS_TRUSTED_KEYS"),
+        Some(json!("ed25519:AAAA,ed25519:BBBB,/etc/restatus/trusted-keys"))
+    );
+    assert_eq!(volume(&spec, "trusted-keys").unwrap()["configMap"]["name"], "restatus-trusted-keys");
+    let mounts = spec["containers"][0]["volumeMounts"].to_string();
+    assert!(mounts.contains("/etc/restatus/trusted-keys") && !mounts.contains("/etc/restatus/signing"), "{mounts}");
 }
 
 /// Released as `restatus` in namespace `restatus`, each role has the names of its kustomize

@@ -14,8 +14,8 @@ use restatus::restore::{Applier, RestoreOptions};
 use serde_json::{Value, json};
 
 use crate::bed::{
-    Bed, TARGET, assert_stopped_cleanly, assert_success, fleet_state, simulate_move, stderr, stdout, unique,
-    wait_some_restored,
+    Bed, TARGET, assert_stopped_cleanly, assert_success, fleet_state, forge, generate_keys, simulate_move, stderr,
+    stdout, unique, wait_some_restored,
 };
 
 /// A fleet on the source, backed up under a cluster id of its own.
@@ -29,12 +29,19 @@ struct Scenario {
 
 impl Scenario {
     async fn new(servers: usize, claims: usize) -> Scenario {
-        let bed = Bed::get();
+        Self::with_backup(Bed::get(), servers, claims, &[]).await
+    }
+
+    /// The backup run with `extra` arguments (a signing key).
+    async fn with_backup(bed: Bed, servers: usize, claims: usize, extra: &[&str]) -> Scenario {
         let spec = FleetSpec::new(&unique("rst"), servers, servers, claims);
         fleet::create(&bed.source().await, &spec, 16).await.expect("create fleet");
         let storage = bed.storage(&spec.name);
         let cluster = spec.name.clone();
-        let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &spec.selector()]);
+        let selector = spec.selector();
+        let mut args = vec!["backup", "--selector", &selector];
+        args.extend(extra);
+        let out = bed.restatus(&storage, &cluster, &args);
         assert_success(&out, "backup");
         let snapshot = stdout(&out).trim().to_string();
         Scenario { bed, spec, storage, cluster, snapshot }
@@ -623,4 +630,109 @@ async fn a_restore_never_uses_a_snapshot_captured_from_its_own_cluster() {
     for (name, status) in &source {
         assert_eq!(&target[name].0, status, "{name} restored from the source's snapshot");
     }
+}
+
+/// F70-F73 end to end: a real backup signed with a key from `restatus keys generate`, then a
+/// forgery by whoever can write the bucket (payload changed, size and sha256 recomputed into a
+/// manifest dated now, unsigned). With the public key, `restore` passes it over, naming it, and
+/// restores the signed snapshot as before; with another key it refuses both; with the old and
+/// a new key (a rotation) the signed one is used; a signature copied from the real snapshot
+/// does not make the forgery pass; `snapshots list` shows who signed what. Without a key the
+/// forgery is used, as before signing existed.
+#[tokio::test]
+async fn signed_snapshots_a_forgery_is_refused_with_the_key_and_the_signed_one_restored() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (private, public, key_id) = generate_keys(&bed, "backup");
+    let (_, other, other_id) = generate_keys(&bed, "other");
+    let (private, public, other) =
+        (private.display().to_string(), public.display().to_string(), other.display().to_string());
+    let s = Scenario::with_backup(bed, 2, 1, &["--signing-key", &private]).await;
+    simulate_move(&s.bed.source().await, &s.bed.target().await, &s.spec.name, &|n| n.to_string()).await;
+    let store = s.bed.store(&s.storage, &s.cluster);
+    let forged = forge(&store, &s.snapshot).await;
+    let snapshots = |args: &[&str]| s.bed.restatus(&s.storage, &s.cluster, &[&["snapshots"], args].concat());
+
+    // `snapshots list`: who signed what, and with the key, what verifies.
+    let out = snapshots(&["list", "-o", "json", "--trusted-key", &public]);
+    assert_success(&out, "snapshots list");
+    let rows: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let row = |id: &str| rows.as_array().unwrap().iter().find(|r| r["id"] == id).unwrap().clone();
+    assert_eq!(
+        (row(&s.snapshot)["signedBy"].as_str(), row(&s.snapshot)["signature"].as_str()),
+        (Some(key_id.as_str()), Some("verified"))
+    );
+    let forged_row = row(forged.as_str());
+    assert_eq!((forged_row["signedBy"].as_str(), forged_row["signature"].as_str()), (None, Some("refused")));
+    assert!(forged_row["error"].as_str().unwrap().contains("not signed"), "{forged_row}");
+    let table = stdout(&snapshots(&["list"]));
+    assert!(
+        table.contains("SIGNED BY") && table.contains(&format!("{key_id} (not checked)")) && table.contains("unsigned"),
+        "{table}"
+    );
+
+    // Without a key: today's behaviour, the newest complete snapshot (the forgery).
+    assert_eq!(s.report(&["--dry-run"])["snapshot"], forged.as_str());
+
+    // Another key only: nothing is trusted; pinned, the signed snapshot is refused by name.
+    let out = s.restore(&["--trusted-key", &other]);
+    assert!(!out.status.success() && stderr(&out).contains("no good snapshot"), "{}", stderr(&out));
+    let out = s.restore(&["--trusted-key", &other, "--snapshot", &s.snapshot]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&s.snapshot)
+            && err.contains(&format!("signed by key {key_id}, which is not a trusted key (trusted: {other_id})")),
+        "{err}"
+    );
+    assert!(!err.contains("PRIVATE KEY") && !err.contains("PUBLIC KEY"), "key material in the output: {err}");
+
+    // With the key: the forgery is passed over, naming it, and the signed snapshot restores.
+    let report = s.report(&["--trusted-key", &public]);
+    assert_eq!(report["snapshot"], s.snapshot.as_str(), "the signed snapshot, not the forgery");
+    let passed = report["passedOver"].as_array().unwrap();
+    assert_eq!(passed.len(), 1, "{passed:?}");
+    assert_eq!(passed[0]["snapshot"], forged.as_str());
+    assert!(passed[0]["reason"].as_str().unwrap().contains(&format!("snapshot {forged}: not signed")), "{passed:?}");
+    assert_eq!(count(&report, "restore"), 5);
+    let target = s.target_state().await;
+    let target: BTreeMap<String, Value> = target.into_iter().map(|(k, (status, _))| (k, status)).collect();
+    assert_eq!(target, s.source_state().await, "the source's statuses, none of the forgery's");
+
+    // A rotation: the old key and a new one trusted at once (as the environment lists them).
+    let out = s.bed.restatus_with(
+        &s.bed.target_kubeconfig,
+        &s.storage,
+        &s.cluster,
+        &["restore", "--selector", &s.spec.selector(), "-o", "json"],
+        &[("RESTATUS_TRUSTED_KEYS", &format!("{other},{public}"))],
+    );
+    assert_success(&out, "restore with two trusted keys");
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!((report["snapshot"].as_str(), report["writes"].as_u64()), (Some(s.snapshot.as_str()), Some(0)));
+
+    // The real snapshot's signature copied beside the forgery: a signature of another manifest.
+    let signature = object_store::ObjectStoreExt::get(
+        store.object_store().as_ref(),
+        &store.signature_path(&s.snapshot.parse().unwrap()),
+    )
+    .await
+    .unwrap()
+    .bytes()
+    .await
+    .unwrap();
+    object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.signature_path(&forged), signature.into())
+        .await
+        .unwrap();
+    let out = snapshots(&["verify", forged.as_str(), "--trusted-key", &public]);
+    let text = stdout(&out);
+    assert!(
+        !out.status.success()
+            && text.contains(&format!("{forged}: FAILED"))
+            && text.contains("a signature of another manifest"),
+        "{text}"
+    );
+    let out = snapshots(&["verify", &s.snapshot, "--trusted-key", &public]);
+    assert_success(&out, "verify the signed snapshot");
+    assert!(stdout(&out).contains(&format!("signature of trusted key {key_id}")), "{}", stdout(&out));
 }

@@ -34,6 +34,19 @@ pub enum Error {
     )]
     SameCluster { snapshot: String, cluster: String },
 
+    /// An unsigned snapshot, read with trusted keys configured.
+    #[error("snapshot {snapshot}: not signed, and only signed snapshots are trusted (--trusted-key)")]
+    Unsigned { snapshot: String },
+
+    /// A snapshot whose signature is missing, unreadable, by an untrusted key or not over its
+    /// manifest.
+    #[error("snapshot {snapshot}: signature refused: {reason}")]
+    BadSignature { snapshot: String, reason: String },
+
+    /// A key file or key that cannot be used (named, never shown).
+    #[error("key {source_name}: {reason}")]
+    Key { source_name: String, reason: String },
+
     /// No complete snapshot of the cluster verified.
     #[error(
         "no good snapshot of cluster {cluster:?} in {location} ({passed_over} complete snapshots failed verification)"
@@ -124,6 +137,9 @@ impl Error {
             Error::SnapshotNotFound(_) => "snapshot_not_found",
             Error::Inconsistent { .. } => "inconsistent_snapshot",
             Error::SameCluster { .. } => "same_cluster_snapshot",
+            Error::Unsigned { .. } => "unsigned_snapshot",
+            Error::BadSignature { .. } => "bad_signature",
+            Error::Key { .. } => "key",
             Error::NoGoodSnapshot { .. } => "no_good_snapshot",
             Error::NoSnapshot { .. } => "no_snapshot",
             Error::TooLarge { .. } => "too_large",

@@ -2,6 +2,7 @@
 //! way a snapshot can be damaged, each with the error a reader must give.
 
 use bytes::Bytes;
+use futures::StreamExt;
 use jiff::Timestamp;
 use object_store::{ObjectStoreExt, PutPayload};
 use proptest::prelude::*;
@@ -9,9 +10,12 @@ use restatus::Error;
 use restatus::format::CaptureSummary;
 use restatus::format::IdentityKey;
 use restatus::format::{Manifest, PayloadEncoder, Record, SnapshotId};
+use restatus::format::{SigningKey, TrustedKeys};
 use restatus::store::SnapshotStore;
 use restatus::store::retention::{self, RetentionPolicy};
+use restatus::store::{Accept, choose_newer, choose_snapshot};
 use serde_json::value::RawValue;
+use std::sync::Arc;
 
 fn store(cluster: &str) -> SnapshotStore {
     SnapshotStore::open("memory://", cluster).unwrap()
@@ -401,4 +405,129 @@ async fn a_snapshot_captured_from_the_cluster_restored_to_is_passed_over() {
     )
     .unwrap();
     assert!(text.contains(r#""capturedFrom": "target-uid""#), "{text}");
+}
+
+/// Writes a snapshot signed with `key`: payload, signature, then manifest.
+async fn write_signed(store: &SnapshotStore, at: &str, records: &[Record], key: &SigningKey) -> Manifest {
+    let id = SnapshotId::new(at.parse().unwrap());
+    let (payload, summary) = encode(records);
+    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
+    let mut manifest = Manifest::new(store.cluster_id(), id, at.parse().unwrap(), "test", empty_capture(), summary);
+    store.put_signed_manifest(&mut manifest, key).await.unwrap();
+    manifest
+}
+
+fn trusting(keys: &[&SigningKey]) -> Accept {
+    let trusted = TrustedKeys::new(keys.iter().map(|k| k.public_key()));
+    Accept { trusted: Some(Arc::new(trusted)), ..Default::default() }
+}
+
+/// F70, F71: whoever can write the bucket forges a snapshot (payload changed, its size and
+/// sha256 recomputed into a manifest dated after the real one): with a trusted key it is passed
+/// over, naming it, for the previous signed one; unsigned, with a signature copied from the
+/// real snapshot, or signed by the forger's own key. Without keys it is used, as before.
+#[tokio::test]
+async fn a_forged_newest_snapshot_is_passed_over_for_the_previous_signed_one() {
+    let store = store("c");
+    let key = SigningKey::generate();
+    let good = write_signed(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"state":"Reserved"}"#)], &key).await;
+    let forged = write(&store, "2026-11-30T10:00:00Z", &[record(1, r#"{"state":"Available"}"#)]).await;
+    let accept = trusting(&[&key]);
+
+    let loaded = choose_snapshot(&store, None, &accept).await.unwrap();
+    assert_eq!(loaded.manifest.snapshot_id, good.snapshot_id, "the signed snapshot, not the forgery");
+    assert_eq!(loaded.signer.as_ref(), Some(key.id()));
+    let passed = &loaded.passed_over[0];
+    assert_eq!(passed.snapshot, forged.snapshot_id.to_string());
+    assert!(passed.reason.contains(&format!("snapshot {}: not signed", forged.snapshot_id)), "{}", passed.reason);
+    // The controller keeps the snapshot in use: nothing newer that it trusts.
+    assert!(choose_newer(&store, &good.snapshot_id, &accept).await.unwrap().is_none());
+    // Pinned, the forgery is refused by name.
+    let pinned = choose_snapshot(&store, Some(&forged.snapshot_id), &accept).await;
+    assert!(matches!(pinned, Err(Error::Unsigned { .. })), "{:?}", pinned.err());
+    // Without a trusted key, today's behaviour: the newest complete snapshot is used.
+    let untrusting = choose_snapshot(&store, None, &Accept::default()).await.unwrap();
+    assert_eq!(untrusting.manifest.snapshot_id, forged.snapshot_id);
+    assert_eq!(untrusting.signer, None);
+
+    // The real snapshot's signature copied beside the forgery: another manifest's.
+    let signature = store.object_store().get(&store.signature_path(&good.snapshot_id)).await.unwrap();
+    let signature = signature.bytes().await.unwrap().to_vec();
+    replace(&store, &store.signature_path(&forged.snapshot_id), signature.clone()).await;
+    let loaded = choose_snapshot(&store, None, &accept).await.unwrap();
+    assert_eq!(loaded.manifest.snapshot_id, good.snapshot_id);
+    assert!(loaded.passed_over[0].reason.contains("a signature of another manifest"), "{:?}", loaded.passed_over);
+    // ...and the forged manifest claiming the key too: the signature does not cover its bytes.
+    let mut claiming = forged.clone();
+    claiming.signed_by = Some(key.id().clone());
+    replace(&store, &store.manifest_path(&forged.snapshot_id), claiming.to_json()).await;
+    let loaded = choose_snapshot(&store, None, &accept).await.unwrap();
+    assert_eq!(loaded.manifest.snapshot_id, good.snapshot_id);
+    let reason = &loaded.passed_over[0].reason;
+    assert!(
+        reason.contains(&format!("signature refused: the signature of key {} does not match the manifest", key.id())),
+        "{reason}"
+    );
+
+    // Signed by the forger's own key: not a trusted one.
+    let forger = SigningKey::generate();
+    let own = write_signed(&store, "2026-11-30T11:00:00Z", &[record(1, r#"{"state":"Available"}"#)], &forger).await;
+    let loaded = choose_snapshot(&store, None, &accept).await.unwrap();
+    assert_eq!(loaded.manifest.snapshot_id, good.snapshot_id);
+    let reason = &loaded.passed_over[0].reason;
+    assert!(
+        reason.starts_with(&format!("snapshot {}: signature refused: signed by key {}", own.snapshot_id, forger.id())),
+        "{reason}"
+    );
+    assert_eq!(loaded.passed_over.len(), 2);
+
+    // Only forgeries: no good snapshot, none of them used.
+    store.delete(&good.snapshot_id).await.unwrap();
+    assert!(matches!(choose_snapshot(&store, None, &accept).await, Err(Error::NoGoodSnapshot { passed_over: 2, .. })));
+}
+
+/// F72: keys are rotated by trusting the old and the new key at once; once the old key is no
+/// longer trusted, its snapshots are passed over, naming the key.
+#[tokio::test]
+async fn a_rotated_key_keeps_the_old_snapshots_restorable_while_both_are_trusted() {
+    let store = store("c");
+    let (old, new) = (SigningKey::generate(), SigningKey::generate());
+    let before = write_signed(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")], &old).await;
+    let both = trusting(&[&old, &new]);
+    let loaded = choose_snapshot(&store, None, &both).await.unwrap();
+    assert_eq!((loaded.manifest.snapshot_id, loaded.signer.as_ref()), (before.snapshot_id.clone(), Some(old.id())));
+    let after = write_signed(&store, "2026-11-30T10:00:00Z", &[record(1, "{}")], &new).await;
+    let loaded = choose_snapshot(&store, None, &both).await.unwrap();
+    assert_eq!((loaded.manifest.snapshot_id, loaded.signer.as_ref()), (after.snapshot_id.clone(), Some(new.id())));
+    assert!(loaded.passed_over.is_empty());
+    store.delete(&after.snapshot_id).await.unwrap();
+    let err = choose_snapshot(&store, None, &trusting(&[&new])).await.err().unwrap().to_string();
+    assert!(err.contains("no good snapshot"), "{err}");
+    let pinned = choose_snapshot(&store, Some(&before.snapshot_id), &trusting(&[&new])).await.err().unwrap();
+    assert!(
+        pinned.to_string().contains(&format!("signed by key {}, which is not a trusted key", old.id())),
+        "{pinned}"
+    );
+}
+
+/// A signed snapshot: the signature is written before the manifest, its manifest names the key,
+/// `load_verified` checks it, and deleting the snapshot removes the signature too.
+#[tokio::test]
+async fn a_signed_snapshot_verifies_end_to_end_and_is_deleted_whole() {
+    let store = store("c");
+    let key = SigningKey::generate();
+    let signed = write_signed(&store, "2026-11-30T09:00:00Z", &[record(1, "{}"), record(2, "{}")], &key).await;
+    assert_eq!(signed.signed_by.as_ref(), Some(key.id()));
+    let trusted = TrustedKeys::new([key.public_key()]);
+    let (manifest, signer) = store.load_verified(&signed.snapshot_id, Some(&trusted), |_| Ok(())).await.unwrap();
+    assert_eq!((manifest.payload.records, signer.as_ref()), (2, Some(key.id())));
+    let text = String::from_utf8(manifest.to_json()).unwrap();
+    assert!(text.contains(&format!(r#""signedBy": "{}""#, key.id())), "{text}");
+    // A signature already there (another writer of the same id) is never replaced.
+    let mut again = signed.clone();
+    assert!(store.put_signed_manifest(&mut again, &SigningKey::generate()).await.is_err());
+    assert!(store.load_verified(&signed.snapshot_id, Some(&trusted), |_| Ok(())).await.is_ok());
+    store.delete(&signed.snapshot_id).await.unwrap();
+    let left: Vec<_> = store.object_store().list(None).collect::<Vec<_>>().await;
+    assert!(left.is_empty(), "{left:?}");
 }

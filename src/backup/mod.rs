@@ -13,7 +13,7 @@ use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
 use crate::domain::identity::Profile;
-use crate::format::{Manifest, PayloadEncoder, PayloadSummary, SnapshotId};
+use crate::format::{Manifest, PayloadEncoder, PayloadSummary, SigningKey, SnapshotId};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
@@ -33,6 +33,8 @@ pub struct BackupOptions {
     pub retry_delay: std::time::Duration,
     /// Told of each page of objects captured (phase `backup`, total unknown).
     pub progress: crate::progress::ProgressHook,
+    /// Signs each manifest (`--signing-key`); `None`: snapshots are unsigned.
+    pub signing_key: Option<std::sync::Arc<SigningKey>>,
 }
 
 impl BackupOptions {
@@ -49,6 +51,7 @@ impl BackupOptions {
             capture_attempts: 3,
             retry_delay: std::time::Duration::from_secs(2),
             progress: Default::default(),
+            signing_key: None,
         }
     }
 }
@@ -82,12 +85,13 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
             attempt += 1;
             continue;
         }
-        let manifest = finish(client, store, &id, upload, encoder, |summary| {
+        let manifest = finish(client, store, &id, upload, encoder, opts.signing_key.as_deref(), |summary| {
             Manifest::new(store.cluster_id(), id.clone(), created_at, &opts.profile.name, capture, summary)
         });
         let manifest = manifest.await?;
         if manifest.is_consistent() {
-            info!(snapshot = %id, records = manifest.payload.records, bytes = manifest.payload.size, "snapshot written");
+            info!(snapshot = %id, records = manifest.payload.records, bytes = manifest.payload.size,
+                signed_by = manifest.signed_by.as_ref().map(|k| k.as_str()), "snapshot written");
         } else {
             warn!(snapshot = %id, attempts = attempt, reasons = manifest.consistency.as_ref().map_or(0, |c| c.reasons.len()),
                 "snapshot written, marked inconsistent: restore skips it unless --allow-inconsistent");
@@ -97,13 +101,15 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
 }
 
 /// Completes the payload upload, then writes the manifest `manifest` makes of its summary,
-/// with the identity of the cluster the objects came from.
+/// with the identity of the cluster the objects came from; signed (signature first) with
+/// `signing_key`.
 async fn finish(
     client: &kube::Client,
     store: &SnapshotStore,
     id: &SnapshotId,
     mut upload: BufWriter,
     encoder: PayloadEncoder,
+    signing_key: Option<&SigningKey>,
     manifest: impl FnOnce(PayloadSummary) -> Manifest,
 ) -> Result<Manifest> {
     let (tail, summary) = encoder.finish().map_err(|e| Error::io("finish zstd", e))?;
@@ -119,7 +125,10 @@ async fn finish(
     }
     let mut manifest = manifest(summary);
     manifest.captured_from = crate::k8s::cluster_uid(client).await;
-    store.put_manifest(&manifest).await?;
+    match signing_key {
+        Some(key) => store.put_signed_manifest(&mut manifest, key).await?,
+        None => store.put_manifest(&manifest).await?,
+    }
     Ok(manifest)
 }
 

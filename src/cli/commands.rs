@@ -1,6 +1,7 @@
 //! Each command as library calls: connect, run, print. Errors carry anyhow context for people.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use restatus::controller::http;
 use restatus::controller::{self, ControllerOptions, Election, Role as ControllerRole};
 use restatus::domain::compare::Comparer;
 use restatus::domain::identity::Profile;
+use restatus::format::{SigningKey, TrustedKeys};
 use restatus::k8s;
 use restatus::k8s::leader::{Fence, LeaseTiming};
 use restatus::moving::handshake::Handshake;
@@ -25,7 +27,8 @@ use tracing::{info, warn};
 use super::output::{self, OutputFormat};
 use super::progress;
 use super::{
-    BackupArgs, Cli, Command, ControllerArgs, Global, OutputArgs, PreflightArgs, RestoreArgs, Role, SnapshotsCommand,
+    BackupArgs, Cli, Command, ControllerArgs, Global, KeysCommand, OutputArgs, PreflightArgs, RestoreArgs, Role,
+    SigningArgs, SnapshotsCommand,
 };
 
 /// Runs one command; the exit code for commands that have more than success and failure.
@@ -34,9 +37,19 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
         clap_complete::generate(shell, &mut Cli::command(), "restatus", &mut std::io::stdout());
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::Keys(KeysCommand::Generate { name }) = &command {
+        generate_keys(name)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Read before anything runs: a bad key file fails the start, naming the file.
+    let trusted = TrustedKeys::load(&global.trusted_keys)?.map(Arc::new);
+    if let Some(trusted) = &trusted {
+        let ids: Vec<&str> = trusted.ids().map(|k| k.as_str()).collect();
+        info!(keys = %ids.join(","), "only snapshots signed by these keys are used");
+    }
     let store = SnapshotStore::open(&global.storage, &global.cluster_id)?.with_max_payload(global.max_snapshot_size);
     match command {
-        Command::Completion { .. } => unreachable!("handled above"),
+        Command::Completion { .. } | Command::Keys(_) => unreachable!("handled above"),
         Command::Preflight(args) => return preflight(&global, &store, args).await,
         Command::Backup(args) => {
             let (client, mut options) = backup_setup(&global, &args).await?;
@@ -81,9 +94,9 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
                 server.abort();
             }
         }
-        Command::Restore(args) => restore(&global, &store, args).await?,
-        Command::Controller(args) => controller(&global, store, args).await?,
-        Command::Snapshots(command) => snapshots(&store, command).await?,
+        Command::Restore(args) => restore(&global, &store, args, trusted).await?,
+        Command::Controller(args) => controller(&global, store, args, trusted).await?,
+        Command::Snapshots(command) => snapshots(&store, command, trusted.as_deref()).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -95,9 +108,44 @@ async fn backup_setup(g: &Global, args: &BackupArgs) -> Result<(kube::Client, Ba
         selector: g.selector.clone(),
         zstd_level: args.zstd_level,
         capture_attempts: args.capture_attempts,
+        signing_key: signing_key(&args.signing)?,
         ..BackupOptions::new(profile)
     };
     Ok((client, options))
+}
+
+/// The `--signing-key`, read (its file named in errors and logs, never its content).
+fn signing_key(args: &SigningArgs) -> Result<Option<Arc<SigningKey>>> {
+    let Some(path) = &args.signing_key else { return Ok(None) };
+    let key = SigningKey::load(path)?;
+    info!(file = %path.display(), key = %key.id(), "snapshots are signed");
+    Ok(Some(Arc::new(key)))
+}
+
+/// `restatus keys generate NAME`: NAME.key (0600) and NAME.pub, neither overwritten.
+fn generate_keys(name: &Path) -> Result<()> {
+    let key = SigningKey::generate();
+    let public = key.public_key();
+    let with = |extension: &str| {
+        let mut path = name.as_os_str().to_owned();
+        path.push(extension);
+        std::path::PathBuf::from(path)
+    };
+    let (private_path, public_path) = (with(".key"), with(".pub"));
+    let write = |path: &Path, text: &str, mode: u32| -> Result<()> {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+        let mut file = options.open(path).with_context(|| format!("create {}", path.display()))?;
+        std::io::Write::write_all(&mut file, text.as_bytes()).with_context(|| format!("write {}", path.display()))
+    };
+    write(&private_path, &key.to_pem()?, 0o600)?;
+    write(&public_path, &public.to_pem()?, 0o644)?;
+    eprintln!("private key: {} (for --signing-key, where backups run)", private_path.display());
+    eprintln!("public key:  {} (for --trusted-key, where restores run)", public_path.display());
+    println!("key id {}  {}", public.id(), public.to_short());
+    Ok(())
 }
 
 async fn preflight(g: &Global, store: &SnapshotStore, args: PreflightArgs) -> Result<ExitCode> {
@@ -153,7 +201,12 @@ impl Progress {
     }
 }
 
-async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> Result<()> {
+async fn controller(
+    g: &Global,
+    store: SnapshotStore,
+    args: ControllerArgs,
+    trusted: Option<Arc<TrustedKeys>>,
+) -> Result<()> {
     let profile = Profile::load(&g.profile)?;
     // Every write of the controller passes the fence: open only while this instance holds a
     // lease it renewed in time, on a client of the lease's own.
@@ -164,7 +217,11 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
     let role = match args.role {
         Role::Target => ControllerRole::Target,
         Role::Source => {
-            let backup = BackupOptions { selector: g.selector.clone(), ..BackupOptions::new(profile.clone()) };
+            let backup = BackupOptions {
+                selector: g.selector.clone(),
+                signing_key: signing_key(&args.signing)?,
+                ..BackupOptions::new(profile.clone())
+            };
             let handshake =
                 Handshake::new(client.clone(), store.clone(), backup, args.interval, args.cluster_namespace.clone());
             ControllerRole::Source(Box::new(handshake))
@@ -176,6 +233,7 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
         force: args.force,
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
+        trusted_keys: trusted,
         concurrency: args.concurrency.max(1),
         snapshot_refresh: args.snapshot_refresh,
         snapshot_timeout: args.snapshot_timeout,
@@ -195,7 +253,12 @@ async fn controller(g: &Global, store: SnapshotStore, args: ControllerArgs) -> R
     Ok(())
 }
 
-async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result<()> {
+async fn restore(
+    g: &Global,
+    store: &SnapshotStore,
+    args: RestoreArgs,
+    trusted: Option<Arc<TrustedKeys>>,
+) -> Result<()> {
     let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
     let options = RestoreOptions {
         snapshot: args.snapshot,
@@ -203,6 +266,7 @@ async fn restore(g: &Global, store: &SnapshotStore, args: RestoreArgs) -> Result
         dry_run: args.dry_run,
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
+        trusted_keys: trusted,
         concurrency: args.concurrency.max(1),
         selector: g.selector.clone(),
         // The changes are shown by a dry run's table and in JSON.
@@ -258,10 +322,10 @@ fn print_retention(plan: &store::retention::RetentionPlan, deleted: &str) {
     }
 }
 
-async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<()> {
+async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand, trusted: Option<&TrustedKeys>) -> Result<()> {
     match command {
         SnapshotsCommand::List(out) => {
-            let rows = output::snapshot_rows(store, &store.list().await?).await;
+            let rows = output::snapshot_rows(store, &store.list().await?, trusted).await;
             output::emit(out.output, &rows, || output::snapshot_table(&rows))?;
         }
         SnapshotsCommand::Clusters(out) => {
@@ -276,7 +340,7 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<(
             let mut rows = Vec::new();
             // Streams the records; keeps only the rows that match.
             store
-                .load(&id, |record| {
+                .load_verified(&id, trusted, |record| {
                     let row = output::ObjectRow::of(&record);
                     if row.matches(kind.as_deref(), filter.as_deref()) {
                         rows.push(row);
@@ -287,7 +351,7 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<(
             output::emit(out.output, &rows, || output::object_table(&rows))?;
         }
         SnapshotsCommand::Show { id, output: out, .. } => {
-            let manifest = store.manifest(&store::resolve(store, &id).await?).await?;
+            let (manifest, _) = store.verified_manifest(&store::resolve(store, &id).await?, trusted).await?;
             match out.output {
                 OutputFormat::Json => println!("{}", String::from_utf8_lossy(&manifest.to_json())),
                 OutputFormat::Yaml => print!("{}", output::yaml(&manifest)?),
@@ -297,12 +361,18 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<(
         SnapshotsCommand::Diff { a, b, output: out } => {
             let (a, b) = (store::resolve(store, &a).await?, store::resolve(store, &b).await?);
             let mut comparer = Comparer::new(a.to_string(), b.to_string());
-            store.load(&a, |record| comparer.add_a(&record)).await.with_context(|| format!("read snapshot {a}"))?;
-            store.load(&b, |record| comparer.add_b(&record)).await.with_context(|| format!("read snapshot {b}"))?;
+            store
+                .load_verified(&a, trusted, |record| comparer.add_a(&record))
+                .await
+                .with_context(|| format!("read snapshot {a}"))?;
+            store
+                .load_verified(&b, trusted, |record| comparer.add_b(&record))
+                .await
+                .with_context(|| format!("read snapshot {b}"))?;
             let diff = comparer.finish();
             output::emit(out.output, &diff, || output::diff_table(&diff))?;
         }
-        SnapshotsCommand::Verify { id, output: out } => return verify(store, &id, out).await,
+        SnapshotsCommand::Verify { id, output: out } => return verify(store, &id, out, trusted).await,
         SnapshotsCommand::Prune { retention, dry_run } => {
             if !retention.policy().is_set() {
                 bail!("prune needs --keep-last and/or --max-age");
@@ -316,14 +386,23 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand) -> Result<(
     Ok(())
 }
 
-async fn verify(store: &SnapshotStore, id: &str, out: OutputArgs) -> Result<()> {
+async fn verify(store: &SnapshotStore, id: &str, out: OutputArgs, trusted: Option<&TrustedKeys>) -> Result<()> {
     let id = store::resolve(store, id).await?;
-    let result = store.load(&id, |_| Ok(())).await;
-    let (ok, detail) = match &result {
-        Ok(m) => (true, format!("{} records, sha256 {}", m.payload.records, m.payload.sha256)),
-        Err(e) => (false, e.to_string()),
+    let result = store.load_verified(&id, trusted, |_| Ok(())).await;
+    let (ok, detail, signer) = match &result {
+        Ok((m, signer)) => {
+            let signature = match (signer, &m.signed_by) {
+                (Some(key), _) => format!(", signature of trusted key {key}"),
+                (None, Some(key)) => format!(", signed by key {key} (not checked: no --trusted-key)"),
+                (None, None) => ", unsigned".to_string(),
+            };
+            let detail = format!("{} records, sha256 {}{signature}", m.payload.records, m.payload.sha256);
+            (true, detail, signer.as_ref().map(|k| k.to_string()))
+        }
+        Err(e) => (false, e.to_string(), None),
     };
-    let result_json = serde_json::json!({"snapshot": id.to_string(), "ok": ok, "detail": detail});
+    let result_json =
+        serde_json::json!({"snapshot": id.to_string(), "ok": ok, "detail": detail, "verifiedSigner": signer});
     match out.output {
         OutputFormat::Json => println!("{result_json}"),
         OutputFormat::Yaml => print!("{}", output::yaml(&result_json)?),

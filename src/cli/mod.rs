@@ -63,6 +63,18 @@ pub struct Global {
     /// a terminal they draw a bar).
     #[arg(long, env = "RESTATUS_PROGRESS_INTERVAL", default_value = "10s", value_parser = positive_duration, global = true)]
     pub progress_interval: Duration,
+    /// Use only snapshots signed by one of these public keys (restore, controller, snapshots
+    /// list/show/diff/verify): `ed25519:<base64>`, a file of keys (SPKI PEM or `ed25519:`
+    /// lines) or a directory of such files. Repeat it, or list several separated by commas,
+    /// to rotate keys. Without it signatures are not checked.
+    #[arg(
+        long = "trusted-key",
+        value_name = "KEY_OR_FILE",
+        env = "RESTATUS_TRUSTED_KEYS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub trusted_keys: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -92,6 +104,9 @@ pub enum Command {
     /// Lists, shows, compares, verifies and prunes snapshots.
     #[command(subcommand)]
     Snapshots(SnapshotsCommand),
+    /// Makes signing keys for snapshots.
+    #[command(subcommand)]
+    Keys(KeysCommand),
     /// Prints a shell completion script: `source <(restatus completion bash)`.
     Completion {
         #[arg(value_enum)]
@@ -113,6 +128,25 @@ pub struct BackupArgs {
     pub zstd_level: i32,
     #[command(flatten)]
     pub retention: RetentionArgs,
+    #[command(flatten)]
+    pub signing: SigningArgs,
+}
+
+#[derive(Args, Clone)]
+pub struct SigningArgs {
+    /// Sign each snapshot's manifest with this Ed25519 private key (PKCS#8 PEM, as
+    /// `restatus keys generate` writes it). Without it snapshots are unsigned.
+    #[arg(long, value_name = "FILE", env = "RESTATUS_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+pub enum KeysCommand {
+    /// Writes a new Ed25519 key pair: NAME.key (private, PKCS#8 PEM, mode 0600: for
+    /// --signing-key, where backups run) and NAME.pub (public, SPKI PEM: for --trusted-key,
+    /// where restores run); prints the key id and the public key as `ed25519:<base64>`.
+    /// Never overwrites a file.
+    Generate { name: PathBuf },
 }
 
 #[derive(Args)]
@@ -196,6 +230,9 @@ pub struct ControllerArgs {
     /// Objects written at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Source role: signs its final snapshots.
+    #[command(flatten)]
+    pub signing: SigningArgs,
 }
 
 #[derive(Args)]

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use jiff::Timestamp;
-use restatus::format::{Manifest, ObjectRef, is_ahead_of};
+use restatus::format::{Manifest, ObjectRef, TrustedKeys, is_ahead_of};
 use restatus::moving::preflight::PreflightReport;
 use restatus::restore::{RestorePlan, RestoreReport};
 use restatus::store::{SnapshotEntry, SnapshotStore};
@@ -148,11 +148,23 @@ pub struct SnapshotRow {
     /// The snapshot is dated ahead of this clock (its writer's clock was ahead).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub ahead_of_clock: bool,
+    /// The key id the manifest says signed it (absent: unsigned).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
+    /// With trusted keys (`--trusted-key`): `verified` or `refused` (the reason in `error`);
+    /// without: `not checked`. Absent for an incomplete or unreadable snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 /// Reads each listed snapshot's manifest (small) to describe it. A manifest that cannot be
 /// read makes an `unreadable` row with the reason, not a failed listing.
-pub async fn snapshot_rows(store: &SnapshotStore, entries: &[SnapshotEntry]) -> Vec<SnapshotRow> {
+/// With `trusted` keys each complete snapshot's signature is checked too.
+pub async fn snapshot_rows(
+    store: &SnapshotStore,
+    entries: &[SnapshotEntry],
+    trusted: Option<&TrustedKeys>,
+) -> Vec<SnapshotRow> {
     let mut rows = Vec::with_capacity(entries.len());
     for entry in entries.iter().rev() {
         let mut row = SnapshotRow {
@@ -168,6 +180,8 @@ pub async fn snapshot_rows(store: &SnapshotStore, entries: &[SnapshotEntry]) -> 
             inconsistencies: vec![],
             error: None,
             ahead_of_clock: entry.id.timestamp().is_some_and(|t| is_ahead_of(t, Timestamp::now())),
+            signed_by: None,
+            signature: None,
         };
         if entry.complete {
             match store.manifest(&entry.id).await {
@@ -177,6 +191,18 @@ pub async fn snapshot_rows(store: &SnapshotStore, entries: &[SnapshotEntry]) -> 
                     row.error = Some(e.to_string());
                 }
             }
+        }
+        if row.state == "complete" {
+            row.signature = Some(match trusted {
+                None => "not checked".into(),
+                Some(trusted) => match store.verified_manifest(&entry.id, Some(trusted)).await {
+                    Ok(_) => "verified".into(),
+                    Err(e) => {
+                        row.error = Some(e.to_string());
+                        "refused".into()
+                    }
+                },
+            });
         }
         rows.push(row);
     }
@@ -191,6 +217,7 @@ fn fill(row: &mut SnapshotRow, m: &Manifest) {
     row.uncompressed_bytes = Some(m.payload.uncompressed_size);
     row.conflicts = m.conflicts.len();
     row.skipped = m.skipped.len();
+    row.signed_by = m.signed_by.as_ref().map(|k| k.to_string());
     row.consistency = Some(match &m.consistency {
         None => "unchecked".into(),
         Some(c) if c.consistent => "consistent".into(),
@@ -214,6 +241,12 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
                 r.payload_bytes.map(human_bytes).unwrap_or_default(),
                 r.conflicts.to_string(),
                 r.skipped.to_string(),
+                match (&r.signed_by, &r.signature) {
+                    (_, None) => String::new(),
+                    (None, Some(check)) if check == "not checked" => "unsigned".into(),
+                    (None, Some(check)) => format!("unsigned ({check})"),
+                    (Some(key), Some(check)) => format!("{key} ({check})"),
+                },
                 match (&r.error, r.ahead_of_clock) {
                     (Some(e), _) => e.clone(),
                     (None, true) => "dated ahead of this clock (writer's clock skewed)".into(),
@@ -222,7 +255,10 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
             ]
         })
         .collect();
-    table(&["ID", "STATE", "CREATED", "CONSISTENCY", "RECORDS", "SIZE", "CONFLICTS", "SKIPPED", "NOTE"], body)
+    table(
+        &["ID", "STATE", "CREATED", "CONSISTENCY", "RECORDS", "SIZE", "CONFLICTS", "SKIPPED", "SIGNED BY", "NOTE"],
+        body,
+    )
 }
 
 /// `snapshots show` as text: the manifest's summary, per-kind counts, conflicts and skips.
@@ -236,6 +272,7 @@ pub fn manifest_text(m: &Manifest) -> String {
     out += &format!("Profile:      {}\n", m.profile);
     out += &format!("Created:      {}\n", m.created_at);
     out += &format!("Completed:    {}\n", m.completed_at);
+    out += &format!("Signed by:    {}\n", m.signed_by.as_ref().map_or("unsigned".to_string(), |k| format!("key {k}")));
     out += &format!(
         "Payload:      {} ({} records, {} uncompressed, ratio {ratio:.3}, sha256 {})\n\n",
         human_bytes(m.payload.size),

@@ -50,6 +50,8 @@ pub struct ControllerOptions {
     pub allow_inconsistent: bool,
     /// Also use snapshots captured from the cluster the controller writes to.
     pub allow_same_cluster: bool,
+    /// Use only snapshots signed by one of these keys.
+    pub trusted_keys: Option<Arc<crate::format::TrustedKeys>>,
     pub concurrency: usize,
     /// How often to look for a newer snapshot.
     pub snapshot_refresh: Duration,
@@ -90,6 +92,7 @@ impl Context {
                     inconsistent: self.options.allow_inconsistent,
                     this_cluster: crate::k8s::cluster_uid(&self.client).await,
                     same_cluster: self.options.allow_same_cluster,
+                    trusted: self.options.trusted_keys.clone(),
                 }
             })
             .await
@@ -319,7 +322,7 @@ async fn refresh_snapshot(ctx: &Context) -> bool {
     let chosen = newer_snapshot(ctx, current.as_ref()).await;
     match chosen {
         Ok(Some(loaded)) => {
-            info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), "using snapshot");
+            info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "using snapshot");
             ctx.metrics.snapshot_timestamp.set(loaded.manifest.created_at.as_millisecond() as f64 / 1000.0);
             *ctx.snapshot.write().await = Some(Arc::new(SnapshotIndex::new(loaded.manifest, loaded.records)));
             true
@@ -671,6 +674,7 @@ mod tests {
             force: false,
             allow_inconsistent: false,
             allow_same_cluster: false,
+            trusted_keys: None,
             concurrency: 1,
             snapshot_refresh: Duration::from_secs(60),
             snapshot_timeout,

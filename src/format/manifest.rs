@@ -90,6 +90,10 @@ pub struct Manifest {
     /// (format 1.3; absent before, or where the capture could not read it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured_from: Option<String>,
+    /// The key whose signature (`manifest.json.sig`) covers these bytes (format 1.4; absent
+    /// in an unsigned snapshot). Readers with trusted keys check it against the signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<super::KeyId>,
 }
 
 /// How far a snapshot's time may be ahead of the reader's clock before it counts as skewed.
@@ -185,6 +189,7 @@ impl Manifest {
             conflicts: capture.conflicts,
             consistency: Some(capture.consistency),
             captured_from: None,
+            signed_by: None,
         }
     }
 

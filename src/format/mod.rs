@@ -1,7 +1,8 @@
 //! Snapshot format v1 (see `docs/FORMAT.md`): a zstd-compressed JSON Lines payload of
 //! [`Record`]s and a small JSON [`Manifest`] that is written last and makes the snapshot exist.
 //!
-//! Everything here is pure: no I/O but `std::io::Write`/`Read` on memory.
+//! Everything here is pure: no I/O but `std::io::Write`/`Read` on memory, the spill file and
+//! key files ([`SigningKey::load`], [`TrustedKeys::load`]).
 
 mod id;
 mod key;
@@ -10,6 +11,7 @@ mod names;
 mod payload;
 mod record;
 mod records;
+mod signature;
 mod spill;
 
 pub use id::SnapshotId;
@@ -22,12 +24,13 @@ pub use names::Names;
 pub use payload::{FRAME_BYTES, PayloadEncoder, decode_records};
 pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, RecordHead, is_carried, qualified_kind, split_api_version};
 pub use records::Records;
+pub use signature::{KeyId, MAX_SIGNATURE, PublicKey, SIGNATURE_FILE, SigningKey, TrustedKeys};
 pub use spill::{Payload, SpillWriter, verify_payload};
 
 /// The major format version this build writes and reads. Readers refuse other majors.
 pub const FORMAT_MAJOR: u32 = 1;
 /// The minor version this build writes. Readers accept any minor of their major.
-pub const FORMAT_MINOR: u32 = 3;
+pub const FORMAT_MINOR: u32 = 4;
 
 /// Object names inside a snapshot's folder.
 pub const MANIFEST_FILE: &str = "manifest.json";

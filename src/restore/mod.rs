@@ -11,6 +11,7 @@ pub mod apply;
 pub mod plan;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, future};
@@ -25,7 +26,7 @@ use crate::Result;
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::pairing::{View, Views, Violation};
-use crate::format::SnapshotId;
+use crate::format::{SnapshotId, TrustedKeys};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Pager, Writer, list_objects};
 use crate::store::{Accept, Passed, SnapshotStore, choose_snapshot};
 
@@ -40,6 +41,8 @@ pub struct RestoreOptions {
     pub allow_inconsistent: bool,
     /// Use snapshots captured from the cluster the restore writes to.
     pub allow_same_cluster: bool,
+    /// Use only snapshots signed by one of these keys.
+    pub trusted_keys: Option<Arc<TrustedKeys>>,
     /// Writes in flight at once.
     pub concurrency: usize,
     pub page_size: u32,
@@ -66,6 +69,7 @@ impl RestoreOptions {
             dry_run: false,
             allow_inconsistent: false,
             allow_same_cluster: false,
+            trusted_keys: None,
             concurrency: 16,
             page_size: DEFAULT_PAGE_SIZE,
             selector: None,
@@ -171,10 +175,11 @@ async fn restore(
         inconsistent: opts.allow_inconsistent,
         this_cluster: crate::k8s::cluster_uid(client).await,
         same_cluster: opts.allow_same_cluster,
+        trusted: opts.trusted_keys.clone(),
     };
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
     let manifest = &loaded.manifest;
-    info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), "snapshot loaded and verified");
+    info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "snapshot loaded and verified");
     let started = std::time::Instant::now();
     let writer = match opts.dry_run {
         true => None,

@@ -1,12 +1,15 @@
 //! Which snapshot to restore from: the pinned one, or the newest complete one that loads,
 //! verifies, (unless allowed otherwise) is consistent and was not captured from the cluster
-//! the restore writes to. A damaged, foreign or own snapshot is reported and passed over for
-//! the previous one; a store that cannot be read is an error.
+//! the restore writes to, and, when keys are trusted, is signed by one of them. A damaged,
+//! foreign, own, unsigned or badly signed snapshot is reported and passed over for the previous
+//! one; a store that cannot be read is an error.
+
+use std::sync::Arc;
 
 use serde::Serialize;
 use tracing::warn;
 
-use crate::format::{Manifest, Records, SnapshotId};
+use crate::format::{KeyId, Manifest, Records, SnapshotId, TrustedKeys};
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
 
@@ -22,6 +25,8 @@ pub struct Loaded {
     pub manifest: Manifest,
     pub records: Records,
     pub passed_over: Vec<Passed>,
+    /// The trusted key whose signature was checked; `None` when no keys are trusted.
+    pub signer: Option<KeyId>,
 }
 
 /// Which snapshots a restore accepts besides complete, verified ones.
@@ -35,6 +40,9 @@ pub struct Accept {
     pub this_cluster: Option<String>,
     /// Accept a snapshot captured from `this_cluster` all the same (`--allow-same-cluster`).
     pub same_cluster: bool,
+    /// Only snapshots signed by one of these keys (`--trusted-key`), checked before anything
+    /// else the manifest says is believed. `None`: signatures are not checked.
+    pub trusted: Option<Arc<TrustedKeys>>,
 }
 
 impl Accept {
@@ -80,12 +88,12 @@ async fn choose(
     // The manifest says whether the snapshot is consistent and where it was captured: a
     // refused one is passed over before its payload is downloaded.
     let load = |id: SnapshotId| async move {
-        let manifest = store.manifest(&id).await?;
+        let (manifest, signer) = store.verified_manifest(&id, accept.trusted.as_deref()).await?;
         if let Some(refused) = accept.refuses(&manifest) {
             return Err(refused);
         }
         let records = Records::decode(&manifest, store.fetch_payload(&manifest).await?)?;
-        Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![] })
+        Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![], signer })
     };
     if let Some(id) = pinned {
         return load(id.clone()).await.map(Some);
@@ -106,6 +114,10 @@ async fn choose(
             }
             Ok(loaded) => return Ok(Some(Loaded { passed_over, ..loaded })),
             Err(e @ (Error::Store { .. } | Error::Io { .. } | Error::TooLarge { .. })) => return Err(e),
+            Err(e @ (Error::Unsigned { .. } | Error::BadSignature { .. })) => {
+                warn!(snapshot = %entry.id, error = %e, "snapshot is not signed by a trusted key; trying the previous one");
+                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
+            }
             Err(e) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot skipped; trying the previous one");
                 passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! <prefix>/<cluster-id>/<snapshot-id>/payload.jsonl.zst   written first, streamed
+//! <prefix>/<cluster-id>/<snapshot-id>/manifest.json.sig   a signed snapshot's signature, before the manifest
 //! <prefix>/<cluster-id>/<snapshot-id>/manifest.json       written last, create-only
 //! ```
 
@@ -32,7 +33,8 @@ pub use retention::{Deletion, RetentionPolicy};
 
 use crate::format::Record;
 use crate::format::{
-    MANIFEST_FILE, Manifest, PAYLOAD_FILE, Payload, SnapshotId, SpillWriter, decode_records, verify_payload,
+    KeyId, MANIFEST_FILE, MAX_SIGNATURE, Manifest, PAYLOAD_FILE, Payload, SIGNATURE_FILE, SigningKey, SnapshotId,
+    SpillWriter, TrustedKeys, decode_records, verify_payload,
 };
 use crate::{Error, Result};
 
@@ -134,6 +136,10 @@ impl SnapshotStore {
         self.dir(id).join(MANIFEST_FILE)
     }
 
+    pub fn signature_path(&self, id: &SnapshotId) -> Path {
+        self.dir(id).join(SIGNATURE_FILE)
+    }
+
     pub fn payload_path(&self, id: &SnapshotId) -> Path {
         self.dir(id).join(PAYLOAD_FILE)
     }
@@ -151,6 +157,26 @@ impl SnapshotStore {
             .put_opts(&self.manifest_path(&manifest.snapshot_id), manifest.to_json().into(), opts)
             .await
             .map_err(|e| Error::store(format!("write manifest of snapshot {}", manifest.snapshot_id), e))?;
+        Ok(())
+    }
+
+    /// Signs the manifest with `key` (its `signedBy` set to the key's id) and writes the
+    /// signature, then the manifest, both create-only: by the time the snapshot exists for
+    /// readers, its signature does too. A signature without a manifest is a snapshot that
+    /// does not exist (retention removes it with the folder).
+    pub async fn put_signed_manifest(&self, manifest: &mut Manifest, key: &SigningKey) -> Result<()> {
+        manifest.signed_by = Some(key.id().clone());
+        let bytes = manifest.to_json();
+        let id = &manifest.snapshot_id;
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        self.store
+            .put_opts(&self.signature_path(id), key.sign(&bytes).into(), opts.clone())
+            .await
+            .map_err(|e| Error::store(format!("write signature of snapshot {id}"), e))?;
+        self.store
+            .put_opts(&self.manifest_path(id), bytes.into(), opts)
+            .await
+            .map_err(|e| Error::store(format!("write manifest of snapshot {id}"), e))?;
         Ok(())
     }
 
@@ -191,6 +217,46 @@ impl SnapshotStore {
 
     /// Reads and checks a manifest: known major version, and this cluster's.
     pub async fn manifest(&self, id: &SnapshotId) -> Result<Manifest> {
+        self.manifest_and_bytes(id).await.map(|(manifest, _)| manifest)
+    }
+
+    /// Reads a manifest as [`SnapshotStore::manifest`] does, and with `trusted` keys checks its
+    /// signature over the bytes read: an unsigned snapshot, or one whose signature is not a
+    /// trusted key's over exactly these bytes, is refused naming the snapshot. Without keys,
+    /// nothing is checked (and no signature read). The manifest, and the key that signed it.
+    pub async fn verified_manifest(
+        &self,
+        id: &SnapshotId,
+        trusted: Option<&TrustedKeys>,
+    ) -> Result<(Manifest, Option<KeyId>)> {
+        let (manifest, bytes) = self.manifest_and_bytes(id).await?;
+        let Some(trusted) = trusted else { return Ok((manifest, None)) };
+        let signature = self.signature(id).await?;
+        let signer = trusted.verify(id.as_str(), &bytes, manifest.signed_by.as_ref(), signature.as_deref())?;
+        Ok((manifest, Some(signer)))
+    }
+
+    /// A snapshot's signature object, if it has one.
+    async fn signature(&self, id: &SnapshotId) -> Result<Option<Bytes>> {
+        let path = self.signature_path(id);
+        let context = || format!("read signature of snapshot {id}");
+        match self.store.head(&path).await {
+            Ok(meta) if meta.size > MAX_SIGNATURE => {
+                let reason = format!("{SIGNATURE_FILE} has {} bytes, more than a signature can have", meta.size);
+                return Err(Error::BadSignature { snapshot: id.to_string(), reason });
+            }
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::store(context(), e)),
+        }
+        match self.store.get(&path).await {
+            Ok(result) => result.bytes().await.map(Some).map_err(|e| Error::store(context(), e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::store(context(), e)),
+        }
+    }
+
+    async fn manifest_and_bytes(&self, id: &SnapshotId) -> Result<(Manifest, Bytes)> {
         match self.store.head(&self.manifest_path(id)).await {
             Ok(meta) if meta.size > MAX_MANIFEST => {
                 let reason =
@@ -223,7 +289,7 @@ impl SnapshotStore {
                 expected: self.cluster_id.clone(),
             });
         }
-        Ok(manifest)
+        Ok((manifest, bytes))
     }
 
     /// The payload's bytes, after checking the stored object's size against the manifest's
@@ -288,17 +354,28 @@ impl SnapshotStore {
     /// Reads a snapshot and checks it end to end: manifest, size, sha256, decompressed size,
     /// every record. Hands each record to `visit`.
     pub async fn load(&self, id: &SnapshotId, visit: impl FnMut(Record) -> Result<()>) -> Result<Manifest> {
-        let manifest = self.manifest(id).await?;
+        self.load_verified(id, None, visit).await.map(|(manifest, _)| manifest)
+    }
+
+    /// [`SnapshotStore::load`], with the manifest's signature checked first against `trusted`
+    /// keys (see [`SnapshotStore::verified_manifest`]). The manifest and the key that signed it.
+    pub async fn load_verified(
+        &self,
+        id: &SnapshotId,
+        trusted: Option<&TrustedKeys>,
+        visit: impl FnMut(Record) -> Result<()>,
+    ) -> Result<(Manifest, Option<KeyId>)> {
+        let (manifest, signer) = self.verified_manifest(id, trusted).await?;
         let payload = self.payload(&manifest).await?;
         verify_payload(&manifest, &payload)?;
         decode_records(&manifest, &payload, visit)?;
-        Ok(manifest)
+        Ok((manifest, signer))
     }
 
     /// Deletes a snapshot: the manifest first, so a half-deleted snapshot no longer exists for
-    /// readers, then the payload.
+    /// readers, then its signature and the payload.
     pub async fn delete(&self, id: &SnapshotId) -> Result<()> {
-        for path in [self.manifest_path(id), self.payload_path(id)] {
+        for path in [self.manifest_path(id), self.signature_path(id), self.payload_path(id)] {
             match self.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(Error::store(format!("delete {path} of snapshot {id}"), e)),

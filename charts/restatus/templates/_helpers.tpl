@@ -90,12 +90,26 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- if or (eq $roleName "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumes }}
+{{- $signs := and (has $roleName (list "backup" "source")) $.Values.signing.keySecret }}
+{{- $trusts := and (eq $roleName "controller") $.Values.signing.trustedKeysConfigMap }}
+{{- if or (eq $roleName "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumes $signs $trusts }}
 volumes:
   {{- if eq $roleName "controller" }}
   # Snapshot payloads are spilled here while in use (the root filesystem is read-only).
   - name: tmp
     emptyDir: {sizeLimit: 1Gi}
+  {{- end }}
+  {{- if $signs }}
+  # The snapshot signing key: only in the pods that write snapshots.
+  - name: signing-key
+    secret:
+      secretName: {{ $.Values.signing.keySecret }}
+      items: [{key: {{ $.Values.signing.keySecretKey }}, path: signing.key}]
+  {{- end }}
+  {{- if $trusts }}
+  - name: trusted-keys
+    configMap:
+      name: {{ $.Values.signing.trustedKeysConfigMap }}
   {{- end }}
   {{- if $.Values.s3.caBundle.configMap }}
   - name: s3-ca
@@ -112,6 +126,14 @@ volumes:
 {{- define "restatus.containerCommon" -}}
 {{- $ := index . 0 }}
 {{- $role := index $.Values (index . 1) -}}
+{{- $signs := and (has (index . 1) (list "backup" "source")) $.Values.signing.keySecret }}
+{{- $trusted := list }}
+{{- if eq (index . 1) "controller" }}
+{{- $trusted = $.Values.signing.trustedKeys }}
+{{- if $.Values.signing.trustedKeysConfigMap }}
+{{- $trusted = append $trusted "/etc/restatus/trusted-keys" }}
+{{- end }}
+{{- end }}
 image: {{ include "restatus.image" $ }}
 imagePullPolicy: {{ $.Values.image.pullPolicy }}
 env:
@@ -141,6 +163,14 @@ env:
   - name: SSL_CERT_FILE
     value: /etc/restatus/s3-ca/{{ $.Values.s3.caBundle.key }}
   {{- end }}
+  {{- if $signs }}
+  - name: RESTATUS_SIGNING_KEY
+    value: /etc/restatus/signing/signing.key
+  {{- end }}
+  {{- with $trusted }}
+  - name: RESTATUS_TRUSTED_KEYS
+    value: {{ join "," . | quote }}
+  {{- end }}
   {{- if ne (index . 1) "backup" }}
   - name: POD_NAME
     valueFrom: {fieldRef: {fieldPath: metadata.name}}
@@ -155,10 +185,17 @@ envFrom:
   - secretRef:
       name: {{ . }}
 {{- end }}
-{{- if or (eq (index . 1) "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts }}
+{{- $trustsMount := and (eq (index . 1) "controller") $.Values.signing.trustedKeysConfigMap }}
+{{- if or (eq (index . 1) "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts $signs $trustsMount }}
 volumeMounts:
   {{- if eq (index . 1) "controller" }}
   - {name: tmp, mountPath: /tmp}
+  {{- end }}
+  {{- if $signs }}
+  - {name: signing-key, mountPath: /etc/restatus/signing, readOnly: true}
+  {{- end }}
+  {{- if $trustsMount }}
+  - {name: trusted-keys, mountPath: /etc/restatus/trusted-keys, readOnly: true}
   {{- end }}
   {{- if $.Values.s3.caBundle.configMap }}
   - name: s3-ca

@@ -1,0 +1,121 @@
+//! Signing's cost, side by side (issue 24: at most 5% on backup and restore at 10k objects).
+//! The store side of a backup (encode 10,000 records, upload the payload, write the manifest:
+//! unsigned, or signature then manifest) and of a restore (choose the snapshot: manifest, with or
+//! without its signature checked, payload's size and sha256, every record decoded), alternating
+//! unsigned and signed rounds so machine noise hits both. The cluster side (LISTs, status
+//! writes) is left out: it is the same with or without signing, so the ratios here are an upper
+//! bound on what signing adds to a whole backup or restore. `cargo bench --bench signing`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use restatus::format::{
+    CaptureSummary, IdentityKey, Manifest, PayloadEncoder, Record, SigningKey, SnapshotId, TrustedKeys,
+};
+use restatus::store::{Accept, SnapshotStore, choose_snapshot};
+use serde_json::value::RawValue;
+
+const OBJECTS: usize = 10_000;
+const ROUNDS: usize = 7;
+
+fn record(i: usize) -> Record {
+    // About 2 KiB of status, like a Server with a few NICs and disks.
+    let nics: Vec<_> = (0..8)
+        .map(|n| serde_json::json!({"name": format!("eth{n}"), "macAddress": format!("aa:bb:cc:{:02x}:{:02x}:{n:02x}", i / 256 % 256, i % 256), "ip": format!("10.{}.{}.{n}", i / 256 % 256, i % 256), "neighbor": {"switch": format!("sw-{}", i % 40), "port": format!("Ethernet{n}")}}))
+        .collect();
+    let status = serde_json::json!({"state": "Reserved", "powerState": "On", "serialNumber": format!("SN{i:08}"), "networkInterfaces": nics});
+    Record {
+        api_version: "metal.ironcore.dev/v1alpha1".into(),
+        kind: "Server".into(),
+        namespace: None,
+        name: format!("server-{i}"),
+        keys: vec![IdentityKey {
+            field: "spec.systemUUID".into(),
+            value: format!("{i:08x}-0000-4000-8000-000000000000"),
+        }],
+        uid: Some(format!("uid-{i}")),
+        resource_version: Some("1".into()),
+        generation: Some(1),
+        creation_timestamp: Some("2026-11-30T09:00:00Z".into()),
+        labels: Default::default(),
+        annotations: Default::default(),
+        status: RawValue::from_string(status.to_string()).unwrap(),
+    }
+}
+
+/// The store side of one backup; signed with `key` when given.
+async fn backup(store: &SnapshotStore, records: &[Record], key: Option<&SigningKey>) -> (SnapshotId, Duration) {
+    let started = Instant::now();
+    let now = jiff::Timestamp::now();
+    let id = SnapshotId::new(now);
+    let mut encoder = PayloadEncoder::new(3).unwrap();
+    let mut payload = Vec::new();
+    for r in records {
+        encoder.push(r).unwrap();
+        payload.extend(encoder.take_output());
+    }
+    let (tail, summary) = encoder.finish().unwrap();
+    payload.extend(tail);
+    object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
+        .await
+        .unwrap();
+    let mut manifest = Manifest::new(store.cluster_id(), id.clone(), now, "bench", CaptureSummary::empty(), summary);
+    match key {
+        Some(key) => store.put_signed_manifest(&mut manifest, key).await.unwrap(),
+        None => store.put_manifest(&manifest).await.unwrap(),
+    }
+    (id, started.elapsed())
+}
+
+async fn restore(store: &SnapshotStore, id: &SnapshotId, accept: &Accept) -> Duration {
+    let started = Instant::now();
+    let loaded = choose_snapshot(store, Some(id), accept).await.unwrap();
+    assert_eq!(loaded.records.len(), OBJECTS);
+    started.elapsed()
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64() * 1000.0
+}
+
+#[tokio::main]
+async fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SnapshotStore::open(&format!("file://{}", dir.path().display()), "bench").unwrap();
+    let records: Vec<Record> = (0..OBJECTS).map(record).collect();
+    let key = SigningKey::generate();
+    let trusting = Accept { trusted: Some(Arc::new(TrustedKeys::new([key.public_key()]))), ..Default::default() };
+    let (mut b_plain, mut b_signed, mut r_plain, mut r_signed) = (vec![], vec![], vec![], vec![]);
+    // One warm-up round of each, not counted.
+    let (warm, _) = backup(&store, &records, Some(&key)).await;
+    restore(&store, &warm, &trusting).await;
+    for _ in 0..ROUNDS {
+        let (plain, took) = backup(&store, &records, None).await;
+        b_plain.push(took);
+        let (signed, took) = backup(&store, &records, Some(&key)).await;
+        b_signed.push(took);
+        r_plain.push(restore(&store, &plain, &Accept::default()).await);
+        r_signed.push(restore(&store, &signed, &trusting).await);
+    }
+    // The primitive alone, on this snapshot's manifest bytes.
+    let (id, _) = backup(&store, &records, Some(&key)).await;
+    let manifest = store.manifest(&id).await.unwrap().to_json();
+    let started = Instant::now();
+    let mut signature = Vec::new();
+    for _ in 0..1000 {
+        signature = key.sign(&manifest);
+    }
+    let sign_us = started.elapsed().as_secs_f64() * 1000.0;
+    let trusted = TrustedKeys::new([key.public_key()]);
+    let started = Instant::now();
+    for _ in 0..1000 {
+        trusted.verify(id.as_str(), &manifest, Some(key.id()), Some(&signature)).unwrap();
+    }
+    let verify_us = started.elapsed().as_secs_f64() * 1000.0;
+    let (bp, bs, rp, rs) = (median(b_plain), median(b_signed), median(r_plain), median(r_signed));
+    println!("signing bench: {OBJECTS} objects, {ROUNDS} alternating rounds, medians, file:// store");
+    println!("backup (store side)   unsigned {bp:8.1} ms   signed {bs:8.1} ms   {:+.1}%", (bs / bp - 1.0) * 100.0);
+    println!("restore (store side)  unchecked {rp:7.1} ms   verified {rs:6.1} ms   {:+.1}%", (rs / rp - 1.0) * 100.0);
+    println!("sign one manifest ({} bytes): {sign_us:.1} us; verify: {verify_us:.1} us", manifest.len());
+}

@@ -1,0 +1,472 @@
+//! Signed snapshots (format 1.4): a backup signs the exact bytes of its manifest with an
+//! Ed25519 key; a reader given trusted public keys accepts a snapshot only with a good
+//! signature by one of them.
+//!
+//! The signature is a small JSON object beside the manifest (`manifest.json.sig`), written
+//! before it: by the time a snapshot exists for readers its signature does too. It names the
+//! key that signed (its [`KeyId`], which the manifest's `signedBy` repeats) and signs
+//! [`SIGNED_CONTEXT`] followed by the manifest's bytes as stored, so no canonical form is
+//! needed and a signature made for anything else is never a manifest's.
+//!
+//! Keys: the private key is PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`, what
+//! `openssl genpkey -algorithm ed25519` writes); a public key is SPKI PEM
+//! (`-----BEGIN PUBLIC KEY-----`) or the short form `ed25519:<base64 of its 32 bytes>`.
+//! Key material never appears in a message or a `Debug` output: only key ids and file names.
+//!
+//! Pure but for [`SigningKey::load`] and [`TrustedKeys::load`], which read key files (as
+//! `Profile::load` reads a profile file).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use ed25519_dalek::Signer;
+use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+
+/// The object beside a signed snapshot's manifest.
+pub const SIGNATURE_FILE: &str = "manifest.json.sig";
+/// No signature object is larger (one is about 150 bytes).
+pub const MAX_SIGNATURE: u64 = 4096;
+/// What is signed: these bytes, then the manifest's bytes as stored.
+pub const SIGNED_CONTEXT: &[u8] = b"restatus snapshot manifest v1\n";
+/// The prefix of the short form of a public key.
+pub const SHORT_PREFIX: &str = "ed25519:";
+const ALGORITHM: &str = "ed25519";
+
+/// A public key's id: the first 8 bytes of the sha256 of its 32 bytes, in hex.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct KeyId(String);
+
+impl KeyId {
+    fn of(key: &ed25519_dalek::VerifyingKey) -> KeyId {
+        KeyId(hex::encode(&Sha256::digest(key.as_bytes())[..8]))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The private key a backup signs with.
+pub struct SigningKey {
+    key: ed25519_dalek::SigningKey,
+    id: KeyId,
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SigningKey({})", self.id)
+    }
+}
+
+impl SigningKey {
+    /// A new key from the system's random source.
+    pub fn generate() -> SigningKey {
+        let seed: [u8; 32] = rand::random();
+        Self::from_dalek(ed25519_dalek::SigningKey::from_bytes(&seed))
+    }
+
+    fn from_dalek(key: ed25519_dalek::SigningKey) -> SigningKey {
+        let id = KeyId::of(&key.verifying_key());
+        SigningKey { key, id }
+    }
+
+    /// Reads a PKCS#8 PEM private key from `path`. Errors name the file, never its content.
+    pub fn load(path: &Path) -> Result<SigningKey, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| key_error(path.display(), format!("cannot read: {e}")))?;
+        Self::from_pem(&path.display().to_string(), &text)
+    }
+
+    /// Parses a PKCS#8 PEM private key; `source` names where it came from in errors.
+    pub fn from_pem(source: &str, pem: &str) -> Result<SigningKey, Error> {
+        ed25519_dalek::SigningKey::from_pkcs8_pem(pem.trim()).map(Self::from_dalek).map_err(|_| {
+            key_error(source, "not an Ed25519 private key in PKCS#8 PEM (-----BEGIN PRIVATE KEY-----)".to_string())
+        })
+    }
+
+    /// The private key as PKCS#8 PEM, for `restatus keys generate`.
+    pub fn to_pem(&self) -> Result<String, Error> {
+        let pem = self.key.to_pkcs8_pem(LineEnding::LF).map_err(|e| key_error("new key", e.to_string()))?;
+        Ok(pem.as_str().to_string())
+    }
+
+    pub fn id(&self) -> &KeyId {
+        &self.id
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        PublicKey { key: self.key.verifying_key(), id: self.id.clone() }
+    }
+
+    /// The signature object for a manifest whose stored bytes are `manifest` (which must
+    /// name this key in `signedBy`).
+    pub fn sign(&self, manifest: &[u8]) -> Vec<u8> {
+        let signature = self.key.sign(&signed_message(manifest));
+        let file = SignatureFile {
+            algorithm: ALGORITHM.into(),
+            key_id: self.id.clone(),
+            signature: BASE64.encode(signature.to_bytes()),
+        };
+        // Plain data: serialising it cannot fail.
+        serde_json::to_vec(&file).expect("signature serialises")
+    }
+}
+
+/// A public key a reader trusts.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PublicKey {
+    key: ed25519_dalek::VerifyingKey,
+    id: KeyId,
+}
+
+impl fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PublicKey({})", self.id)
+    }
+}
+
+impl PublicKey {
+    pub fn id(&self) -> &KeyId {
+        &self.id
+    }
+
+    /// `ed25519:<base64>`: one line, for flags, environment and chart values.
+    pub fn to_short(&self) -> String {
+        format!("{SHORT_PREFIX}{}", BASE64.encode(self.key.as_bytes()))
+    }
+
+    /// SPKI PEM (`-----BEGIN PUBLIC KEY-----`).
+    pub fn to_pem(&self) -> Result<String, Error> {
+        self.key.to_public_key_pem(LineEnding::LF).map_err(|e| key_error(&self.id, e.to_string()))
+    }
+
+    /// Every public key in `text`: SPKI PEM blocks and `ed25519:` lines (blank lines and
+    /// lines starting with `#` are ignored). `source` names where it came from in errors.
+    pub fn parse_all(source: &str, text: &str) -> Result<Vec<PublicKey>, Error> {
+        let mut keys = Vec::new();
+        let mut block: Option<String> = None;
+        for line in text.lines().map(str::trim) {
+            if let Some(pem) = block.as_mut() {
+                pem.push_str(line);
+                pem.push('\n');
+                if line.starts_with("-----END ") {
+                    keys.push(Self::from_pem(source, pem)?);
+                    block = None;
+                }
+            } else if line.starts_with("-----BEGIN ") {
+                if line != "-----BEGIN PUBLIC KEY-----" {
+                    return Err(key_error(source, format!("holds a {line} block, not a public key")));
+                }
+                block = Some(format!("{line}\n"));
+            } else if line.is_empty() || line.starts_with('#') {
+                continue;
+            } else {
+                keys.push(Self::from_short(source, line)?);
+            }
+        }
+        if block.is_some() {
+            return Err(key_error(source, "a PEM block without its END line".to_string()));
+        }
+        if keys.is_empty() {
+            return Err(key_error(source, "holds no public key".to_string()));
+        }
+        Ok(keys)
+    }
+
+    fn from_pem(source: &str, pem: &str) -> Result<PublicKey, Error> {
+        ed25519_dalek::VerifyingKey::from_public_key_pem(pem)
+            .map(Self::from_dalek)
+            .map_err(|_| key_error(source, "a PUBLIC KEY block that is not an Ed25519 public key".to_string()))
+    }
+
+    /// `ed25519:<base64 of 32 bytes>`.
+    pub fn from_short(source: &str, text: &str) -> Result<PublicKey, Error> {
+        let bad = || key_error(source, format!("not a public key: expected {SHORT_PREFIX}<base64 of 32 bytes>"));
+        let encoded = text.trim().strip_prefix(SHORT_PREFIX).ok_or_else(bad)?;
+        let bytes: [u8; 32] = BASE64.decode(encoded).ok().and_then(|b| b.try_into().ok()).ok_or_else(bad)?;
+        ed25519_dalek::VerifyingKey::from_bytes(&bytes).map(Self::from_dalek).map_err(|_| bad())
+    }
+
+    fn from_dalek(key: ed25519_dalek::VerifyingKey) -> PublicKey {
+        PublicKey { id: KeyId::of(&key), key }
+    }
+}
+
+/// The public keys a reader accepts signatures of; several at once, so keys can be rotated.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TrustedKeys {
+    keys: BTreeMap<KeyId, PublicKey>,
+}
+
+impl fmt::Debug for TrustedKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.keys.keys()).finish()
+    }
+}
+
+impl TrustedKeys {
+    pub fn new(keys: impl IntoIterator<Item = PublicKey>) -> TrustedKeys {
+        TrustedKeys { keys: keys.into_iter().map(|k| (k.id.clone(), k)).collect() }
+    }
+
+    /// The keys of each `--trusted-key`: an `ed25519:` key itself, a file of keys, or a
+    /// directory whose files (not those starting with `.`, as in a mounted ConfigMap) hold
+    /// keys. `None` when `specs` is empty: no verification.
+    pub fn load(specs: &[String]) -> Result<Option<TrustedKeys>, Error> {
+        let mut keys = Vec::new();
+        for spec in specs.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+            if spec.starts_with(SHORT_PREFIX) {
+                keys.push(PublicKey::from_short("--trusted-key", spec)?);
+                continue;
+            }
+            let path = Path::new(spec);
+            let read = |p: &Path| {
+                let text =
+                    std::fs::read_to_string(p).map_err(|e| key_error(p.display(), format!("cannot read: {e}")))?;
+                PublicKey::parse_all(&p.display().to_string(), &text)
+            };
+            if path.is_dir() {
+                let entries =
+                    std::fs::read_dir(path).map_err(|e| key_error(path.display(), format!("cannot read: {e}")))?;
+                let mut files: Vec<_> = entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .map(|e| e.path())
+                    .filter(|p| p.is_file())
+                    .collect();
+                files.sort();
+                if files.is_empty() {
+                    return Err(key_error(path.display(), "a directory without key files".to_string()));
+                }
+                for file in files {
+                    keys.extend(read(&file)?);
+                }
+            } else {
+                keys.extend(read(path)?);
+            }
+        }
+        Ok((!keys.is_empty()).then(|| TrustedKeys::new(keys)))
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &KeyId> {
+        self.keys.keys()
+    }
+
+    /// Checks the signature of snapshot `snapshot`: `manifest` its manifest's bytes as stored,
+    /// `signed_by` what the manifest says, `signature` the signature object, if there is one.
+    /// The key that signed it, or why the snapshot is refused.
+    pub fn verify(
+        &self,
+        snapshot: &str,
+        manifest: &[u8],
+        signed_by: Option<&KeyId>,
+        signature: Option<&[u8]>,
+    ) -> Result<KeyId, Error> {
+        let refuse = |reason: String| Error::BadSignature { snapshot: snapshot.to_string(), reason };
+        let Some(signature) = signature else {
+            return Err(match signed_by {
+                None => Error::Unsigned { snapshot: snapshot.to_string() },
+                Some(key) => refuse(format!("the manifest says key {key} signed it, but it has no {SIGNATURE_FILE}")),
+            });
+        };
+        let file: SignatureFile = serde_json::from_slice(signature)
+            .map_err(|e| refuse(format!("{SIGNATURE_FILE} is not a signature object: {e}")))?;
+        if file.algorithm != ALGORITHM {
+            return Err(refuse(format!("{SIGNATURE_FILE} uses algorithm {:?}, not {ALGORITHM}", file.algorithm)));
+        }
+        if signed_by != Some(&file.key_id) {
+            let says = signed_by.map_or_else(|| "it is unsigned".to_string(), |k| format!("key {k} signed it"));
+            return Err(refuse(format!(
+                "the signature is by key {}, but the manifest says {says} (a signature of another manifest)",
+                file.key_id
+            )));
+        }
+        let Some(key) = self.keys.get(&file.key_id) else {
+            let trusted: Vec<&str> = self.keys.keys().map(KeyId::as_str).collect();
+            return Err(refuse(format!(
+                "signed by key {}, which is not a trusted key (trusted: {})",
+                file.key_id,
+                trusted.join(", ")
+            )));
+        };
+        let bytes: [u8; 64] = BASE64
+            .decode(&file.signature)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| refuse(format!("the signature of key {} is not 64 bytes of base64", file.key_id)))?;
+        let signature = ed25519_dalek::Signature::from_bytes(&bytes);
+        key.key.verify_strict(&signed_message(manifest), &signature).map_err(|_| {
+            refuse(format!(
+                "the signature of key {} does not match the manifest (changed after it was signed, or the \
+                 signature of another manifest)",
+                file.key_id
+            ))
+        })?;
+        Ok(file.key_id)
+    }
+}
+
+/// `manifest.json.sig`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SignatureFile {
+    algorithm: String,
+    key_id: KeyId,
+    /// base64 of the 64-byte Ed25519 signature of [`SIGNED_CONTEXT`] + the manifest's bytes.
+    signature: String,
+}
+
+fn signed_message(manifest: &[u8]) -> Vec<u8> {
+    [SIGNED_CONTEXT, manifest].concat()
+}
+
+fn key_error(source: impl fmt::Display, reason: String) -> Error {
+    Error::Key { source_name: source.to_string(), reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MANIFEST: &[u8] = br#"{"formatVersion":"1.4","snapshotId":"a","signedBy":"x"}"#;
+
+    fn trusted(keys: &[&SigningKey]) -> TrustedKeys {
+        TrustedKeys::new(keys.iter().map(|k| k.public_key()))
+    }
+
+    fn reason(result: Result<KeyId, Error>) -> String {
+        result.expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn a_signed_manifest_verifies_with_its_key_and_names_it() {
+        let key = SigningKey::generate();
+        let signature = key.sign(MANIFEST);
+        let verified = trusted(&[&key]).verify("s1", MANIFEST, Some(key.id()), Some(&signature)).unwrap();
+        assert_eq!(&verified, key.id());
+        assert_eq!(key.id().as_str().len(), 16);
+    }
+
+    #[test]
+    fn a_rotated_key_set_accepts_the_old_and_the_new_key() {
+        let (old, new) = (SigningKey::generate(), SigningKey::generate());
+        let keys = trusted(&[&old, &new]);
+        for key in [&old, &new] {
+            assert_eq!(&keys.verify("s1", MANIFEST, Some(key.id()), Some(&key.sign(MANIFEST))).unwrap(), key.id());
+        }
+        // Once the old key is dropped from the set, its snapshots are refused by name.
+        let err = reason(trusted(&[&new]).verify("s1", MANIFEST, Some(old.id()), Some(&old.sign(MANIFEST))));
+        assert!(
+            err.contains(&format!("signed by key {}, which is not a trusted key (trusted: {})", old.id(), new.id())),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_key_an_unsigned_manifest_and_a_stripped_signature_are_refused() {
+        let (key, other) = (SigningKey::generate(), SigningKey::generate());
+        let err = reason(trusted(&[&other]).verify("s1", MANIFEST, Some(key.id()), Some(&key.sign(MANIFEST))));
+        assert!(err.starts_with("snapshot s1: signature refused: signed by key"), "{err}");
+        let err = reason(trusted(&[&key]).verify("s1", MANIFEST, None, None));
+        assert!(err.contains("snapshot s1: not signed"), "{err}");
+        let err = reason(trusted(&[&key]).verify("s1", MANIFEST, Some(key.id()), None));
+        assert!(err.contains(&format!("says key {} signed it, but it has no manifest.json.sig", key.id())), "{err}");
+    }
+
+    #[test]
+    fn tampered_manifest_bytes_and_a_signature_of_another_manifest_are_refused() {
+        let key = SigningKey::generate();
+        let keys = trusted(&[&key]);
+        let signature = key.sign(MANIFEST);
+        let mut tampered = MANIFEST.to_vec();
+        tampered[2] ^= 1;
+        let err = reason(keys.verify("s1", &tampered, Some(key.id()), Some(&signature)));
+        assert!(err.contains("does not match the manifest"), "{err}");
+        // One more space is another manifest: the stored bytes are signed, not a parse of them.
+        let respaced = [MANIFEST, b" "].concat();
+        assert!(keys.verify("s1", &respaced, Some(key.id()), Some(&signature)).is_err());
+        let another = key.sign(br#"{"snapshotId":"b"}"#);
+        let err = reason(keys.verify("s1", MANIFEST, Some(key.id()), Some(&another)));
+        assert!(err.contains("does not match the manifest"), "{err}");
+        // A signature copied from a snapshot another key signed: the manifest names another key.
+        let other = SigningKey::generate();
+        let err = reason(trusted(&[&key, &other]).verify("s1", MANIFEST, Some(key.id()), Some(&other.sign(MANIFEST))));
+        assert!(err.contains("a signature of another manifest"), "{err}");
+        // Signed without the context (a signature made for something else) does not verify.
+        let bare = ed25519_dalek::Signer::sign(&key.key, MANIFEST);
+        let file = format!(
+            r#"{{"algorithm":"ed25519","keyId":"{}","signature":"{}"}}"#,
+            key.id(),
+            BASE64.encode(bare.to_bytes())
+        );
+        assert!(keys.verify("s1", MANIFEST, Some(key.id()), Some(file.as_bytes())).is_err());
+        for garbage in [&b"not json"[..], br#"{"algorithm":"rsa","keyId":"x","signature":""}"#] {
+            assert!(reason(keys.verify("s1", MANIFEST, Some(key.id()), Some(garbage))).contains("signature refused"));
+        }
+    }
+
+    #[test]
+    fn keys_round_trip_through_pem_and_the_short_form() {
+        let key = SigningKey::generate();
+        let again = SigningKey::from_pem("k", &key.to_pem().unwrap()).unwrap();
+        assert_eq!(again.id(), key.id());
+        let public = key.public_key();
+        let text =
+            format!("# rotated in\n{}\n{}\n", public.to_pem().unwrap(), SigningKey::generate().public_key().to_short());
+        let parsed = PublicKey::parse_all("f", &text).unwrap();
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[0], public);
+        assert_eq!(PublicKey::from_short("f", &public.to_short()).unwrap(), public);
+        assert_eq!(format!("{key:?}"), format!("SigningKey({})", key.id()), "no key material in Debug");
+    }
+
+    #[test]
+    fn bad_keys_name_their_source_and_never_their_content() {
+        let private = SigningKey::generate().to_pem().unwrap();
+        for (text, expected) in [
+            ("ed25519:AAAA", "not a public key"),
+            ("hello", "not a public key"),
+            (private.as_str(), "not a public key"),
+            ("", "holds no public key"),
+            ("-----BEGIN PUBLIC KEY-----\nAAAA\n", "without its END line"),
+        ] {
+            let err = PublicKey::parse_all("keys.pub", text).unwrap_err().to_string();
+            assert!(err.starts_with("key keys.pub: ") && err.contains(expected), "{text:?}: {err}");
+            assert!(!err.contains("MC4CAQAw") && !err.contains("hello"), "content in the error: {err}");
+        }
+        let err = SigningKey::from_pem("signing.key", "garbage").unwrap_err().to_string();
+        assert!(err.starts_with("key signing.key: not an Ed25519 private key"), "{err}");
+        let err = SigningKey::load(Path::new("/nonexistent/signing.key")).unwrap_err().to_string();
+        assert!(err.starts_with("key /nonexistent/signing.key: cannot read"), "{err}");
+    }
+
+    #[test]
+    fn trusted_keys_come_from_flags_files_and_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (SigningKey::generate(), SigningKey::generate(), SigningKey::generate());
+        std::fs::write(dir.path().join("a.pub"), a.public_key().to_pem().unwrap()).unwrap();
+        std::fs::write(dir.path().join("b.pub"), b.public_key().to_short()).unwrap();
+        std::fs::write(dir.path().join("..data"), "ignored, as in a mounted ConfigMap").unwrap();
+        let specs = vec![dir.path().display().to_string(), c.public_key().to_short()];
+        let keys = TrustedKeys::load(&specs).unwrap().expect("keys");
+        let mut expected = vec![a.id().clone(), b.id().clone(), c.id().clone()];
+        expected.sort();
+        assert_eq!(keys.ids().cloned().collect::<Vec<_>>(), expected);
+        assert_eq!(TrustedKeys::load(&[]).unwrap(), None, "no keys: no verification");
+        assert!(TrustedKeys::load(&["/nonexistent.pub".into()]).is_err());
+    }
+}
