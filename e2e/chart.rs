@@ -181,6 +181,55 @@ fn chart_signing_key_only_where_backups_run_and_trusted_keys_only_where_restores
     assert!(mounts.contains("/etc/restatus/trusted-keys") && !mounts.contains("/etc/restatus/signing"), "{mounts}");
 }
 
+/// The same with kustomize: the components `manifests/components/signing-key` and
+/// `trusted-keys`, added to a user's overlay of each role, mount the signing key only where
+/// snapshots are written and the trusted keys only where they are restored (a component that
+/// does not fit the role changes nothing), as the chart does.
+#[test]
+fn kustomize_components_put_the_signing_key_only_where_backups_run_and_trusted_keys_only_where_restores_run() {
+    let bed = Bed::get();
+    // kustomize takes only relative paths to other folders: from the overlay up to `/`.
+    let overlay = |role: &str| {
+        let dir = bed.scratch.path().join(format!("overlay-{role}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let up = "../".repeat(dir.components().count() - 1);
+        let repo = format!("{up}{}", env!("CARGO_MANIFEST_DIR").trim_start_matches('/'));
+        let text = format!(
+            "resources: [{repo}/manifests/{role}]\ncomponents: [{repo}/manifests/components/signing-key, \
+             {repo}/manifests/components/trusted-keys]\n"
+        );
+        std::fs::write(dir.join("kustomization.yaml"), text).unwrap();
+        let out = run(&bed.kubectl, &["kustomize", dir.to_str().unwrap()]);
+        assert_success(&out, &format!("kubectl kustomize of an overlay of manifests/{role}"));
+        objects(&stdout(&out))
+    };
+    let pod = |objects: &[Value], kind: &str| {
+        let workload = objects.iter().find(|o| o["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+        match kind {
+            "CronJob" => workload["spec"]["jobTemplate"]["spec"]["template"]["spec"].clone(),
+            _ => workload["spec"]["template"]["spec"].clone(),
+        }
+    };
+    let env = |spec: &Value, name: &str| {
+        spec["containers"][0]["env"].as_array().unwrap().iter().find(|e| e["name"] == name).map(|e| e["value"].clone())
+    };
+    let volume = |spec: &Value, name: &str| {
+        spec["volumes"].as_array().into_iter().flatten().find(|v| v["name"] == name).cloned()
+    };
+    for (role, kind) in [("backup", "CronJob"), ("source", "Deployment")] {
+        let spec = pod(&overlay(role), kind);
+        assert_eq!(env(&spec, "RESTATUS_SIGNING_KEY"), Some(json!("/etc/restatus/signing/signing.key")), "{role}");
+        assert_eq!(volume(&spec, "signing-key").unwrap()["secret"]["secretName"], "restatus-signing-key", "{role}");
+        let mounts = spec["containers"][0]["volumeMounts"].to_string();
+        assert!(mounts.contains("/etc/restatus/signing"), "{role}: {mounts}");
+        assert_eq!((env(&spec, "RESTATUS_TRUSTED_KEYS"), volume(&spec, "trusted-keys")), (None, None), "{role}");
+    }
+    let spec = pod(&overlay("controller"), "Deployment");
+    assert_eq!((env(&spec, "RESTATUS_SIGNING_KEY"), volume(&spec, "signing-key")), (None, None), "the controller");
+    assert_eq!(env(&spec, "RESTATUS_TRUSTED_KEYS"), Some(json!("/etc/restatus/trusted-keys")));
+    assert_eq!(volume(&spec, "trusted-keys").unwrap()["configMap"]["name"], "restatus-trusted-keys");
+}
+
 /// Released as `restatus` in namespace `restatus`, each role has the names of its kustomize
 /// folder: its ClusterRole, lease Role, admission policy and binding are equal to those, field
 /// for field; its pods run as the same user with the same limits.
