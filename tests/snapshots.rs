@@ -259,13 +259,13 @@ async fn retention_deletes_old_snapshots_and_keeps_the_newest() {
     for hour in 1..=5 {
         ids.push(write(&store, &format!("2026-11-30T0{hour}:00:00Z"), &[record(1, "{}")]).await.snapshot_id);
     }
-    let plan = retention::apply(&store, RetentionPolicy { keep_last: Some(2), max_age: None }).await.unwrap();
+    let plan = retention::apply(&store, RetentionPolicy { keep_last: Some(2), max_age: None }, None).await.unwrap();
     assert_eq!(plan.deletions.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), ids[..3].to_vec());
     let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
     assert_eq!(left, ids[3..].to_vec());
     // Everything is far older than a day, yet the newest complete snapshot stays.
     let policy = RetentionPolicy { keep_last: None, max_age: Some(std::time::Duration::from_secs(1)) };
-    retention::apply(&store, policy).await.unwrap();
+    retention::apply(&store, policy, None).await.unwrap();
     let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
     assert_eq!(left, vec![ids[4].clone()]);
 }
@@ -287,7 +287,7 @@ async fn retention_keeps_the_last_consistent_snapshot_behind_fifty_inconsistent_
     for minute in 0..50 {
         write_with(&store, &format!("2026-11-30T09:{minute:02}:00Z"), &[record(1, "{}")], stuck.clone()).await;
     }
-    let plan = retention::apply(&store, RetentionPolicy { keep_last: Some(48), max_age: None }).await.unwrap();
+    let plan = retention::apply(&store, RetentionPolicy { keep_last: Some(48), max_age: None }, None).await.unwrap();
     assert_eq!(plan.deletions.len(), 4, "53 snapshots, 48 kept, one more kept for restores");
     assert_eq!(plan.kept.len(), 1);
     assert_eq!(plan.kept[0].id, consistent[2]);
@@ -530,4 +530,29 @@ async fn a_signed_snapshot_verifies_end_to_end_and_is_deleted_whole() {
     store.delete(&signed.snapshot_id).await.unwrap();
     let left: Vec<_> = store.object_store().list(None).collect::<Vec<_>>().await;
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// F75: forged snapshots written after the last signed one (whoever can write the bucket can
+/// write many) never make retention delete it: with the keys (a backup's own signing key, or
+/// `--trusted-key`) the newest snapshot that verifies is the newest *signed* one, and it is
+/// kept whatever `keep_last` says; without keys it would be deleted.
+#[tokio::test]
+async fn forged_snapshots_never_make_retention_delete_the_last_signed_one() {
+    let key = SigningKey::generate();
+    let trusted = TrustedKeys::new([key.public_key()]);
+    let policy = RetentionPolicy { keep_last: Some(2), max_age: None };
+    for (keys, kept) in [(Some(&trusted), true), (None, false)] {
+        let store = store("c");
+        let signed = write_signed(&store, "2026-11-30T08:00:00Z", &[record(1, r#"{"state":"Reserved"}"#)], &key).await;
+        for minute in 0..3 {
+            write(&store, &format!("2026-11-30T09:0{minute}:00Z"), &[record(1, r#"{"state":"Available"}"#)]).await;
+        }
+        let plan = retention::apply(&store, policy, keys).await.unwrap();
+        let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
+        assert_eq!(left.contains(&signed.snapshot_id), kept, "keys {:?}: {plan:?}", keys.is_some());
+        if kept {
+            assert_eq!(plan.kept.len(), 1, "{plan:?}");
+            assert!(plan.kept[0].reason.contains("newest verified consistent"), "{}", plan.kept[0].reason);
+        }
+    }
 }

@@ -57,7 +57,8 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
             let manifest =
                 backup::run(&client, &store, &options).await.context("backup failed; no snapshot was written")?;
             println!("{}", manifest.snapshot_id);
-            prune(&store, args.retention.policy()).await?;
+            let keys = retention_keys(trusted.as_deref(), options.signing_key.as_deref());
+            prune(&store, args.retention.policy(), keys.as_ref()).await?;
         }
         Command::Schedule { cron, metrics_addr, backup: args } => {
             let schedule: Schedule = cron.parse()?;
@@ -73,6 +74,7 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
             };
             let (client, options) = backup_setup(&global, &args).await?;
             let policy = args.retention.policy();
+            let keys = retention_keys(trusted.as_deref(), options.signing_key.as_deref());
             info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
             if let Err(e) = metrics.newest.refresh(&store).await {
                 warn!(error = %e, "cannot read the newest snapshot for the metrics");
@@ -86,7 +88,7 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
                 }
                 metrics.backup_finished(result.as_ref().ok(), started.elapsed());
                 result?;
-                store::retention::apply(&store, policy).await.map(|_| ())
+                store::retention::apply(&store, policy, keys.as_ref()).await.map(|_| ())
             };
             let runs = schedule::run(&schedule, job, shutdown_signal()).await;
             info!(runs, "schedule stopped");
@@ -304,10 +306,23 @@ async fn restore(
     Ok(())
 }
 
-async fn prune(store: &SnapshotStore, policy: RetentionPolicy) -> Result<()> {
+/// The keys retention judges snapshots by (the newest one that verifies is never deleted): the
+/// `--trusted-key`s, and the public half of the `--signing-key` this run signs with. `None`
+/// when neither is given: signatures are not looked at, as before.
+fn retention_keys(trusted: Option<&TrustedKeys>, signing: Option<&SigningKey>) -> Option<TrustedKeys> {
+    match (trusted, signing) {
+        (Some(trusted), Some(signing)) => Some(trusted.and(signing.public_key())),
+        (Some(trusted), None) => Some(trusted.clone()),
+        (None, Some(signing)) => Some(TrustedKeys::new([signing.public_key()])),
+        (None, None) => None,
+    }
+}
+
+async fn prune(store: &SnapshotStore, policy: RetentionPolicy, trusted: Option<&TrustedKeys>) -> Result<()> {
     if policy.is_set() {
-        let plan =
-            store::retention::apply(store, policy).await.context("retention failed (the new snapshot is written)")?;
+        let plan = store::retention::apply(store, policy, trusted)
+            .await
+            .context("retention failed (the new snapshot is written)")?;
         print_retention(&plan, "deleted");
     }
     Ok(())
@@ -378,8 +393,11 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand, trusted: Op
                 bail!("prune needs --keep-last and/or --max-age");
             }
             match dry_run {
-                true => print_retention(&store::retention::plan_for(store, retention.policy()).await?, "would delete"),
-                false => prune(store, retention.policy()).await?,
+                true => {
+                    let plan = store::retention::plan_for(store, retention.policy(), trusted).await?;
+                    print_retention(&plan, "would delete")
+                }
+                false => prune(store, retention.policy(), trusted).await?,
             }
         }
     }

@@ -266,6 +266,11 @@ impl TrustedKeys {
         self.keys.keys()
     }
 
+    /// These keys and `key`.
+    pub fn and(&self, key: PublicKey) -> TrustedKeys {
+        TrustedKeys::new(self.keys.values().cloned().chain(std::iter::once(key)))
+    }
+
     /// Checks the signature of snapshot `snapshot`: `manifest` its manifest's bytes as stored,
     /// `signed_by` what the manifest says, `signature` the signature object, if there is one.
     /// The key that signed it, or why the snapshot is refused.

@@ -15,7 +15,7 @@ use jiff::Timestamp;
 use tracing::info;
 
 use crate::Result;
-use crate::format::{SnapshotId, is_ahead_of};
+use crate::format::{SnapshotId, TrustedKeys, is_ahead_of};
 use crate::store::{SnapshotEntry, SnapshotStore};
 
 /// How long a snapshot folder without a manifest is left alone (a backup may still be writing).
@@ -93,16 +93,21 @@ pub fn plan(
 }
 
 /// The newest complete snapshot that is consistent and verifies end to end (records are
-/// checked and dropped, not kept).
-pub async fn newest_restorable(store: &SnapshotStore, entries: &[SnapshotEntry]) -> Result<Option<SnapshotId>> {
+/// checked and dropped, not kept), its signature by one of `trusted` included when keys are
+/// given: a forged snapshot written after it never makes retention delete the real one.
+pub async fn newest_restorable(
+    store: &SnapshotStore,
+    entries: &[SnapshotEntry],
+    trusted: Option<&TrustedKeys>,
+) -> Result<Option<SnapshotId>> {
     for entry in entries.iter().rev().filter(|e| e.complete) {
-        match store.manifest(&entry.id).await {
-            Ok(manifest) if manifest.is_consistent() => {}
+        match store.verified_manifest(&entry.id, trusted).await {
+            Ok((manifest, _)) if manifest.is_consistent() => {}
             Ok(_) => continue,
             Err(e @ crate::Error::Store { .. }) => return Err(e),
             Err(_) => continue,
         }
-        match store.load(&entry.id, |_| Ok(())).await {
+        match store.load_verified(&entry.id, trusted, |_| Ok(())).await {
             Ok(_) => return Ok(Some(entry.id.clone())),
             Err(e @ crate::Error::Store { .. }) => return Err(e),
             Err(_) => continue,
@@ -111,16 +116,24 @@ pub async fn newest_restorable(store: &SnapshotStore, entries: &[SnapshotEntry])
     Ok(None)
 }
 
-/// Lists and plans (nothing deleted).
-pub async fn plan_for(store: &SnapshotStore, policy: RetentionPolicy) -> Result<RetentionPlan> {
+/// Lists and plans (nothing deleted); `trusted`: see [`newest_restorable`].
+pub async fn plan_for(
+    store: &SnapshotStore,
+    policy: RetentionPolicy,
+    trusted: Option<&TrustedKeys>,
+) -> Result<RetentionPlan> {
     let entries = store.list().await?;
-    let restorable = newest_restorable(store, &entries).await?;
+    let restorable = newest_restorable(store, &entries, trusted).await?;
     Ok(plan(&entries, policy, Timestamp::now(), restorable.as_ref()))
 }
 
 /// Lists, plans and deletes. Returns the plan carried out.
-pub async fn apply(store: &SnapshotStore, policy: RetentionPolicy) -> Result<RetentionPlan> {
-    let plan = plan_for(store, policy).await?;
+pub async fn apply(
+    store: &SnapshotStore,
+    policy: RetentionPolicy,
+    trusted: Option<&TrustedKeys>,
+) -> Result<RetentionPlan> {
+    let plan = plan_for(store, policy, trusted).await?;
     for deletion in &plan.deletions {
         store.delete(&deletion.id).await?;
         info!(snapshot = %deletion.id, reason = %deletion.reason, "snapshot deleted by retention");
