@@ -50,14 +50,14 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
     let store = SnapshotStore::open(&global.storage, &global.cluster_id)?.with_max_payload(global.max_snapshot_size);
     match command {
         Command::Completion { .. } | Command::Keys(_) => unreachable!("handled above"),
-        Command::Preflight(args) => return preflight(&global, &store, args).await,
+        Command::Preflight(args) => return preflight(&global, &store, args, trusted.as_deref()).await,
         Command::Backup(args) => {
             let (client, mut options) = backup_setup(&global, &args).await?;
             options.progress = ProgressHook::new(Arc::from(progress::for_stderr(global.progress_interval)));
             let manifest =
                 backup::run(&client, &store, &options).await.context("backup failed; no snapshot was written")?;
             println!("{}", manifest.snapshot_id);
-            let keys = retention_keys(trusted.as_deref(), options.signing_key.as_deref());
+            let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
             prune(&store, args.retention.policy(), keys.as_ref()).await?;
         }
         Command::Schedule { cron, metrics_addr, backup: args } => {
@@ -74,7 +74,7 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
             };
             let (client, options) = backup_setup(&global, &args).await?;
             let policy = args.retention.policy();
-            let keys = retention_keys(trusted.as_deref(), options.signing_key.as_deref());
+            let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
             info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
             if let Err(e) = metrics.newest.refresh(&store).await {
                 warn!(error = %e, "cannot read the newest snapshot for the metrics");
@@ -150,13 +150,19 @@ fn generate_keys(name: &Path) -> Result<()> {
     Ok(())
 }
 
-async fn preflight(g: &Global, store: &SnapshotStore, args: PreflightArgs) -> Result<ExitCode> {
+async fn preflight(
+    g: &Global,
+    store: &SnapshotStore,
+    args: PreflightArgs,
+    trusted: Option<&TrustedKeys>,
+) -> Result<ExitCode> {
     let (client, backup_options) = backup_setup(g, &args.backup).await?;
     let options = PreflightOptions {
         profile: backup_options.profile.clone(),
         selector: g.selector.clone(),
         freshness: !args.snapshot_when_ready,
         cluster_namespace: args.cluster_namespace.clone(),
+        trusted: run_keys(trusted, backup_options.signing_key.as_deref()).map(Arc::new),
     };
     let mut report = if args.wait {
         let mut progress = Progress::default();
@@ -306,10 +312,10 @@ async fn restore(
     Ok(())
 }
 
-/// The keys retention judges snapshots by (the newest one that verifies is never deleted): the
-/// `--trusted-key`s, and the public half of the `--signing-key` this run signs with. `None`
-/// when neither is given: signatures are not looked at, as before.
-fn retention_keys(trusted: Option<&TrustedKeys>, signing: Option<&SigningKey>) -> Option<TrustedKeys> {
+/// The keys a run judges its cluster's snapshots by (retention's newest one that verifies,
+/// preflight's freshness): the `--trusted-key`s, and the public half of the `--signing-key` this
+/// run signs with. `None` when neither is given: signatures are not looked at, as before.
+fn run_keys(trusted: Option<&TrustedKeys>, signing: Option<&SigningKey>) -> Option<TrustedKeys> {
     match (trusted, signing) {
         (Some(trusted), Some(signing)) => Some(trusted.and(signing.public_key())),
         (Some(trusted), None) => Some(trusted.clone()),

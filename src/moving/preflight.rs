@@ -142,6 +142,8 @@ pub struct PreflightOptions {
     pub freshness: bool,
     /// Check only the CAPI Clusters and Machines of this namespace (the one to move).
     pub cluster_namespace: Option<String>,
+    /// Freshness counts only snapshots signed by one of these keys (`None`: any).
+    pub trusted: Option<std::sync::Arc<crate::format::TrustedKeys>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -159,16 +161,21 @@ pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &Preflig
     let clusters = cluster::clusters(client, opts.cluster_namespace.as_deref()).await?;
     let machines = cluster::machines(client, opts.cluster_namespace.as_deref()).await?;
     let (stale, snapshot) = match opts.freshness {
-        true => freshness(store, &live.objects).await?,
+        true => freshness(store, &live.objects, opts.trusted.clone()).await?,
         false => (None, None),
     };
     let blockers = evaluate(&Observed { consistency: live.consistency, clusters, machines, stale });
     Ok(PreflightReport { ready: blockers.is_empty(), snapshot, blockers })
 }
 
-/// The objects whose status differs from the newest consistent snapshot, and its id.
-async fn freshness(store: &SnapshotStore, live: &[LiveObject]) -> Result<(Option<Vec<Blocker>>, Option<String>)> {
-    match choose_snapshot(store, None, &Accept::default()).await {
+/// The objects whose status differs from the newest consistent snapshot (signed by a trusted
+/// key, when keys are given: a forgery never makes a cluster look backed up), and its id.
+async fn freshness(
+    store: &SnapshotStore,
+    live: &[LiveObject],
+    trusted: Option<std::sync::Arc<crate::format::TrustedKeys>>,
+) -> Result<(Option<Vec<Blocker>>, Option<String>)> {
+    match choose_snapshot(store, None, &Accept { trusted, ..Accept::default() }).await {
         Ok(loaded) => {
             let id = loaded.manifest.snapshot_id.to_string();
             Ok((Some(stale_objects(&id, &loaded.records, live)?), Some(id)))
@@ -245,6 +252,63 @@ mod tests {
     use crate::fixtures::{live, record, uuid};
     use crate::format::Inconsistency;
     use serde_json::json;
+
+    /// A snapshot of `records` at `at` in `store`, signed with `key` when given.
+    async fn snapshot(
+        store: &SnapshotStore,
+        at: &str,
+        records: &[crate::format::Record],
+        key: Option<&crate::format::SigningKey>,
+    ) -> String {
+        let mut encoder = crate::format::PayloadEncoder::new(3).unwrap();
+        let mut payload = Vec::new();
+        for r in records {
+            encoder.push(r).unwrap();
+            payload.extend(encoder.take_output());
+        }
+        let (tail, summary) = encoder.finish().unwrap();
+        payload.extend(tail);
+        let at = crate::fixtures::ts(at);
+        let id = crate::format::SnapshotId::new(at);
+        object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
+            .await
+            .unwrap();
+        let mut manifest = crate::format::Manifest::new(
+            store.cluster_id(),
+            id,
+            at,
+            "test",
+            crate::format::CaptureSummary::empty(),
+            summary,
+        );
+        match key {
+            Some(key) => store.put_signed_manifest(&mut manifest, key).await.unwrap(),
+            None => store.put_manifest(&manifest).await.unwrap(),
+        }
+        manifest.snapshot_id.to_string()
+    }
+
+    /// F76: a forged snapshot (unsigned, newer, holding the live statuses) never makes a cluster
+    /// look backed up when keys are given: freshness compares with the newest signed snapshot.
+    #[tokio::test]
+    async fn freshness_with_keys_compares_with_the_newest_signed_snapshot_not_a_forgery() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let key = crate::format::SigningKey::generate();
+        let trusted = std::sync::Arc::new(crate::format::TrustedKeys::new([key.public_key()]));
+        let old = json!({"state": "Available"});
+        let now = json!({"state": "Reserved"});
+        let signed =
+            snapshot(&store, "2026-11-30T08:00:00Z", &[record("Server", "s1", &[uuid("u1")], old)], Some(&key)).await;
+        let forged =
+            snapshot(&store, "2026-11-30T09:00:00Z", &[record("Server", "s1", &[uuid("u1")], now.clone())], None).await;
+        let objects = [live("Server", "s1", &[uuid("u1")], Some(now))];
+        let (stale, id) = freshness(&store, &objects, None).await.unwrap();
+        assert_eq!((stale.unwrap().len(), id.as_deref()), (0, Some(forged.as_str())), "without keys: the newest");
+        let (stale, id) = freshness(&store, &objects, Some(trusted)).await.unwrap();
+        assert_eq!(id.as_deref(), Some(signed.as_str()));
+        let reasons: Vec<String> = stale.unwrap().into_iter().map(|b| b.reason).collect();
+        assert_eq!(reasons, [format!("status changed after snapshot {signed}")]);
+    }
 
     fn consistent() -> Consistency {
         crate::format::CaptureSummary::empty().consistency
