@@ -62,14 +62,16 @@ pub struct SnapshotDiff {
 pub struct Comparer {
     a_id: String,
     b_id: String,
-    /// A's objects not yet met in B: (kind, key) → (name, status).
-    pending: BTreeMap<(String, String), (String, Value)>,
+    /// A's objects not yet met in B: (group-qualified kind, key) → (kind, name, status).
+    pending: BTreeMap<(String, String), (String, String, Value)>,
     out: SnapshotDiff,
 }
 
+/// What matches a record of A with one of B: its group-qualified kind (a kind of the same name
+/// in another group is another kind) and its primary key.
 fn key_of(record: &Record) -> (String, String) {
     let key = record.primary_key().map_or_else(|| format!("name={}", record.object_name()), ToString::to_string);
-    (record.kind.clone(), key)
+    (record.qualified_kind(), key)
 }
 
 fn status_of(snapshot: &str, record: &Record) -> Result<Value> {
@@ -86,16 +88,17 @@ impl Comparer {
 
     pub fn add_a(&mut self, record: &Record) -> Result<()> {
         let status = status_of(&self.a_id, record)?;
-        self.pending.insert(key_of(record), (record.object_name(), status));
+        self.pending.insert(key_of(record), (record.kind.clone(), record.object_name(), status));
         Ok(())
     }
 
     pub fn add_b(&mut self, record: &Record) -> Result<()> {
         let status = status_of(&self.b_id, record)?;
-        let (kind, key) = key_of(record);
+        let (qualified, key) = key_of(record);
+        let kind = record.kind.clone();
         let name_in_b = Some(record.object_name());
-        match self.pending.remove(&(kind.clone(), key.clone())) {
-            Some((name_in_a, before)) => {
+        match self.pending.remove(&(qualified, key.clone())) {
+            Some((_, name_in_a, before)) => {
                 let changes = diff(Some(&before), &status);
                 if changes.is_empty() {
                     self.out.unchanged += 1;
@@ -110,7 +113,7 @@ impl Comparer {
 
     pub fn finish(mut self) -> SnapshotDiff {
         self.out.only_in_a = (self.pending.into_iter())
-            .map(|((kind, key), (name, _))| ObjectDiff {
+            .map(|((_, key), (kind, name, _))| ObjectDiff {
                 kind,
                 key,
                 name_in_a: Some(name),
@@ -150,8 +153,13 @@ mod tests {
             fixtures::record("Server", "s1-new", &[uuid("1")], json!({"state": "Reserved", "powerState": "On"})),
             fixtures::record("Server", "s2", &[uuid("2")], json!({"state": "Reserved"})),
             fixtures::record("Server", "new", &[uuid("4")], json!({"state": "Initial"})),
-            // Another kind with the same key is another object.
+            // Another kind with the same key is another object, and so is a kind of the same
+            // name in another group.
             fixtures::record("BMC", "b1", &[uuid("1")], json!({"state": "Enabled"})),
+            Record {
+                api_version: "inventory.example.com/v1".into(),
+                ..fixtures::record("Server", "other", &[uuid("2")], json!({"state": "Reserved"}))
+            },
         ];
         let d = compare(&a, &b);
         assert_eq!(d.unchanged, 1);
@@ -164,7 +172,7 @@ mod tests {
         let only_a: Vec<_> = d.only_in_a.iter().map(|o| (o.kind.as_str(), o.name_in_a.as_deref())).collect();
         assert_eq!(only_a, [("Server", Some("gone"))]);
         let only_b: Vec<_> = d.only_in_b.iter().map(|o| (o.kind.as_str(), o.name_in_b.as_deref())).collect();
-        assert_eq!(only_b, [("BMC", Some("b1")), ("Server", Some("new"))]);
+        assert_eq!(only_b, [("BMC", Some("b1")), ("Server", Some("other")), ("Server", Some("new"))]);
         assert_eq!(d.only_in_b[0].presence(), "only-in-b");
     }
 
