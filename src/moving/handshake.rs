@@ -258,7 +258,7 @@ impl Handshake {
         let moved = Mutex::new(BTreeSet::new());
         let seen = |kind: &KindProfile, object: &RawObject<'_>| {
             let object = LiveObject::from_raw(kind, object);
-            if final_snapshot.is_some_and(|s| s.compare(&object) == Some(Staleness::Changed)) {
+            if final_snapshot.is_some_and(|s| s.compare(kind, &object) == Some(Staleness::Changed)) {
                 moved.lock().unwrap_or_else(|e| e.into_inner()).insert(object.object_ref().to_string());
             }
         };

@@ -74,13 +74,20 @@ pub fn evaluate(observed: &Observed) -> Vec<Blocker> {
     out
 }
 
-/// Live objects whose status differs from their record, or that have a status and no record.
-pub fn stale_objects(snapshot: &str, records: &Records, live: &[LiveObject]) -> Result<Vec<Blocker>> {
+/// Live objects whose status differs from their record, or that have a status and no record
+/// (`profile` gives each object's group).
+pub fn stale_objects(
+    snapshot: &str,
+    profile: &Profile,
+    records: &Records,
+    live: &[LiveObject],
+) -> Result<Vec<Blocker>> {
     let against = Against::new(records);
     let out = live
         .iter()
         .filter_map(|object| {
-            let reason = match against.compare(object)? {
+            let kind = profile.kind(&object.kind)?;
+            let reason = match against.compare(kind, object)? {
                 Staleness::NotInSnapshot => format!("has a status and is not in snapshot {snapshot}"),
                 Staleness::Changed => format!("status changed after snapshot {snapshot}"),
             };
@@ -100,35 +107,40 @@ pub enum Staleness {
 }
 
 /// A snapshot's records by key digest: what a live object's status is compared with (by its
-/// identity keys, as a restore finds it).
+/// group-qualified kind and identity keys, as a restore finds it).
 pub struct Against<'a> {
     records: &'a Records,
-    by_key: HashMap<KeyDigest, usize>,
+    by_key: HashMap<KeyDigest, Vec<usize>>,
 }
 
 impl<'a> Against<'a> {
     pub fn new(records: &'a Records) -> Self {
-        let mut by_key: HashMap<KeyDigest, usize> = HashMap::new();
+        let mut by_key: HashMap<KeyDigest, Vec<usize>> = HashMap::new();
         for i in 0..records.len() {
             for &digest in records.key_digests(i) {
-                by_key.insert(digest, i);
+                by_key.entry(digest).or_default().push(i);
             }
         }
         Against { records, by_key }
     }
 
-    /// Why the snapshot does not hold the object's status, if it does not. An object without
-    /// status has nothing to hold.
-    pub fn compare(&self, object: &LiveObject) -> Option<Staleness> {
+    /// Why the snapshot does not hold the status of `object` (of `kind`), if it does not. An
+    /// object without status has nothing to hold.
+    pub fn compare(&self, kind: &KindProfile, object: &LiveObject) -> Option<Staleness> {
         let status = object.status.as_ref()?;
         let records = self.records;
-        // A digest finds the record; the keys themselves confirm it.
-        let carries = |&r: &usize, key| records.head(r).is_ok_and(|h| h.kind == object.kind && h.keys.contains(key));
-        let record =
-            object.keys.iter().find_map(|k| self.by_key.get(&k.digest(&object.kind)).filter(|r| carries(r, k)));
+        let qualified = kind.qualified_kind();
+        // A digest finds the records; their group-qualified kind and the keys confirm one.
+        let carries = |r: usize, key| {
+            records.kind(r) == Some(qualified.as_str()) && records.head(r).is_ok_and(|h| h.keys.contains(key))
+        };
+        let record = object
+            .keys
+            .iter()
+            .find_map(|k| self.by_key.get(&k.digest(&object.kind))?.iter().copied().find(|&r| carries(r, k)));
         match record {
             None => Some(Staleness::NotInSnapshot),
-            Some(&record) if records.status(record).is_ok_and(|r| status.equals(&r)) => None,
+            Some(record) if records.status(record).is_ok_and(|r| status.equals(&r)) => None,
             Some(_) => Some(Staleness::Changed),
         }
     }
@@ -161,7 +173,7 @@ pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &Preflig
     let clusters = cluster::clusters(client, opts.cluster_namespace.as_deref()).await?;
     let machines = cluster::machines(client, opts.cluster_namespace.as_deref()).await?;
     let (stale, snapshot) = match opts.freshness {
-        true => freshness(store, &live.objects, opts.trusted.clone()).await?,
+        true => freshness(store, &opts.profile, &live.objects, opts.trusted.clone()).await?,
         false => (None, None),
     };
     let blockers = evaluate(&Observed { consistency: live.consistency, clusters, machines, stale });
@@ -172,13 +184,14 @@ pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &Preflig
 /// key, when keys are given: a forgery never makes a cluster look backed up), and its id.
 async fn freshness(
     store: &SnapshotStore,
+    profile: &Profile,
     live: &[LiveObject],
     trusted: Option<std::sync::Arc<crate::format::TrustedKeys>>,
 ) -> Result<(Option<Vec<Blocker>>, Option<String>)> {
     match choose_snapshot(store, None, &Accept { trusted, ..Accept::default() }).await {
         Ok(loaded) => {
             let id = loaded.manifest.snapshot_id.to_string();
-            Ok((Some(stale_objects(&id, &loaded.records, live)?), Some(id)))
+            Ok((Some(stale_objects(&id, profile, &loaded.records, live)?), Some(id)))
         }
         Err(Error::NoGoodSnapshot { .. }) => {
             let object = ObjectRef { kind: "Snapshot".into(), namespace: None, name: store.cluster_id().into() };
@@ -302,9 +315,10 @@ mod tests {
         let forged =
             snapshot(&store, "2026-11-30T09:00:00Z", &[record("Server", "s1", &[uuid("u1")], now.clone())], None).await;
         let objects = [live("Server", "s1", &[uuid("u1")], Some(now))];
-        let (stale, id) = freshness(&store, &objects, None).await.unwrap();
+        let profile = Profile::metal_operator();
+        let (stale, id) = freshness(&store, &profile, &objects, None).await.unwrap();
         assert_eq!((stale.unwrap().len(), id.as_deref()), (0, Some(forged.as_str())), "without keys: the newest");
-        let (stale, id) = freshness(&store, &objects, Some(trusted)).await.unwrap();
+        let (stale, id) = freshness(&store, &profile, &objects, Some(trusted)).await.unwrap();
         assert_eq!(id.as_deref(), Some(signed.as_str()));
         let reasons: Vec<String> = stale.unwrap().into_iter().map(|b| b.reason).collect();
         assert_eq!(reasons, [format!("status changed after snapshot {signed}")]);
@@ -377,19 +391,31 @@ mod tests {
     fn freshness_compares_live_status_with_the_snapshot() {
         let key = uuid("u");
         let record = record("Server", "s", std::slice::from_ref(&key), json!({"state": "Reserved"}));
+        // A Server of another group with the same status and another key: no record of ours.
+        let other = crate::format::Record {
+            api_version: "inventory.example.com/v1".into(),
+            ..crate::fixtures::record("Server", "o", &[uuid("v")], json!({"state": "Reserved"}))
+        };
         let objects = [
             live("Server", "same", std::slice::from_ref(&key), Some(json!({"state": "Reserved"}))),
             live("Server", "changed", &[key], Some(json!({"state": "Available"}))),
             live("Server", "new", &[], Some(json!({"state": "Available"}))),
+            live("Server", "elsewhere", &[uuid("v")], Some(json!({"state": "Reserved"}))),
         ];
-        let stale: Vec<String> = stale_objects("S1", &Records::from_records(vec![record]), &objects)
+        let records = Records::from_records(vec![record, other]);
+        let stale: Vec<String> = stale_objects("S1", &Profile::metal_operator(), &records, &objects)
             .unwrap()
             .iter()
             .map(|b| format!("{}: {}", b.object, b.reason))
             .collect();
         assert_eq!(
             stale,
-            ["Server changed: status changed after snapshot S1", "Server new: has a status and is not in snapshot S1"]
+            [
+                "Server changed: status changed after snapshot S1",
+                "Server new: has a status and is not in snapshot S1",
+                "Server elsewhere: has a status and is not in snapshot S1",
+            ],
+            "a record of a kind of the same name in another group is not this object's"
         );
     }
 }
