@@ -1163,3 +1163,78 @@ impl ReleaseOrder {
         *self.seen.lock().unwrap()
     }
 }
+
+/// Issue 21, item 5 (F57, F62) with metal-operator: a person asks for a reset of a Reserved
+/// Server (`metal.ironcore.dev/operation: hard-restart-server`) while the move handshake is
+/// quiescing. The handshake's quiesce of that Server is held back (an admission policy on the
+/// source refuses restatus's `ignore` on it) until the source's operator has consumed the
+/// reset; then the policy goes, the quiesce finishes, clusterctl moves, the restore controller
+/// and the target's operator take over. The machine is reset exactly once, by the source's
+/// operator (before F57 the consumed reset could be kept in `operation-was` and replayed by
+/// the target's release: a second reset), and the move changes no machine after it. Watched
+/// until every status is back and released, and `SETTLE` (two and a half operator resyncs)
+/// more, as the other scenarios are.
+#[tokio::test]
+async fn a_reset_asked_for_during_the_handshake_happens_once() {
+    let _bed = OPERATOR_BED.lock().await;
+    let fx = Fleet::build("6").await;
+    let (source, target) = (fx.ob.bed.source().await, fx.ob.bed.target().await);
+    fx.ob.testbed(&["operator", "up", "target"]).await;
+    let _boot = BootStandIn::start(target.clone(), fx.ns.clone(), fx.name.clone());
+    let _restorer = fx.restore_controller();
+    let server = fx.servers[0].clone();
+    let servers = api(&source, METAL, "Server", "servers", None);
+    let unquiesced =
+        format!("!has(object.metadata.annotations) || !('{QUIESCED_BY_ANNOTATION}' in object.metadata.annotations)");
+    let policy = crate::bed::InjectedPolicy::deny_updates(
+        &fx.ob.bed,
+        &fx.ob.bed.source_kubeconfig,
+        &format!("{}-reset", fx.name),
+        "[servers]",
+        &format!("object.metadata.name == '{server}'"),
+        &unquiesced,
+    )
+    .await;
+    let _handshake = fx.handshake().await;
+    let (mark, logs) = (fx.ob.mark(), fx.ob.log_marks());
+    let resets = |changes: &[Change]| changes.iter().filter(|c| c.path.ends_with("ComputerSystem.Reset")).count();
+
+    // clusterctl pauses the Cluster; the handshake takes its final snapshot and quiesces all
+    // but the held-back Server.
+    let mover = fx.start_move();
+    let clusters = cluster_api(&source, &fx.ns);
+    let final_snapshot = restatus::domain::annotations::FINAL_SNAPSHOT_ANNOTATION;
+    wait_for("the final snapshot taken, the quiesce held back", Duration::from_secs(90), async || {
+        let cluster = clusters.get("workload").await.unwrap();
+        let held = servers.get(&server).await.unwrap().metadata.annotations.unwrap_or_default();
+        cluster.metadata.annotations.unwrap_or_default().contains_key(final_snapshot)
+            && !held.contains_key(QUIESCED_BY_ANNOTATION)
+    })
+    .await;
+    // The person's reset, consumed by the source's operator (the annotation goes, the machine
+    // is reset).
+    let reset = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: "hard-restart-server"}}});
+    servers.patch(&server, &PatchParams::default(), &Patch::Merge(&reset)).await.unwrap();
+    wait_for("the reset consumed by the source's operator", Duration::from_secs(60), async || {
+        let annotations = servers.get(&server).await.unwrap().metadata.annotations.unwrap_or_default();
+        !annotations.contains_key(OPERATION_ANNOTATION) && resets(&fx.ob.changes_since(mark)) >= 1
+    })
+    .await;
+    let before = statuses(&source, &fx.name, &fx.ns).await;
+    policy.remove(&fx.ob.bed);
+    let states = StateLog::start(&target, &fx.name);
+    let moved = tokio::task::spawn_blocking(move || mover.join().unwrap()).await.unwrap();
+    assert_success(&moved, "clusterctl move");
+    let after_move = fx.ob.mark();
+    let restored_in = wait_restored(&fx, &before, Duration::from_secs(90)).await;
+    tokio::time::sleep(SETTLE).await;
+    let outcome = fx.outcome("6 reset during the handshake", (mark, logs), states, before).await;
+    fx.ob.say(format!("[6] every status back and released {restored_in:?} after the move"));
+    outcome.print(&fx.ob);
+
+    assert_eq!(resets(&outcome.changes), 1, "the machine reset once, not again on the target: {:#?}", outcome.changes);
+    let later = fx.ob.changes_since(after_move);
+    assert!(later.is_empty(), "the move changed machines: {later:#?}");
+    assert!(outcome.servers_changed().is_empty() && outcome.claims_unbound().is_empty());
+    assert!(outcome.inventory_lost().is_empty());
+}
