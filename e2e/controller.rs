@@ -1128,8 +1128,7 @@ fn install_widget_crd(bed: &Bed, kubeconfig: &std::path::Path, group: &str) {
     let file = bed.scratch.path().join(format!("crd-{group}.json"));
     std::fs::write(&file, crd.to_string()).unwrap();
     assert_success(&bed.kubectl(kubeconfig, &["apply", "-f", file.to_str().unwrap()]), "install the Widget CRD");
-    let established = ["wait", "--for", "condition=established", "--timeout", "60s", &format!("crd/widgets.{group}")];
-    assert_success(&bed.kubectl(kubeconfig, &established), "the Widget CRD established");
+    wait_established(bed, kubeconfig, &format!("widgets.{group}"));
 }
 
 /// F55 as a user met it: the controller restored a moved fleet while one kind of its profile
@@ -1223,14 +1222,29 @@ async fn a_kind_whose_crd_arrives_after_the_controller_started_gets_its_status_o
     }
 }
 
+/// Waits (at most 60 s) until CRD `name` is established. Polled rather than `kubectl wait
+/// --for condition=established`, which fails at once on a CRD whose status has no conditions
+/// yet ("accessor error"), as a just-created one may.
+fn wait_established(bed: &Bed, kubeconfig: &std::path::Path, name: &str) {
+    let query = r#"jsonpath={.status.conditions[?(@.type=="Established")].status}"#;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = bed.kubectl(kubeconfig, &["get", "crd", name, "-o", query]);
+        if out.status.success() && stdout(&out).trim() == "True" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "CRD {name} not established within 60 s: {}{}", stdout(&out), stderr(&out));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Installs a CustomResourceDefinition (JSON) on one cluster and waits until it is established.
 fn install_crd(bed: &Bed, kubeconfig: &std::path::Path, crd: &serde_json::Value) {
     let name = crd["metadata"]["name"].as_str().unwrap();
     let file = bed.scratch.path().join(format!("crd-{name}-{}.json", unique("v")));
     std::fs::write(&file, crd.to_string()).unwrap();
     assert_success(&bed.kubectl(kubeconfig, &["apply", "-f", file.to_str().unwrap()]), "install a CRD");
-    let established = ["wait", "--for", "condition=established", "--timeout", "60s", &format!("crd/{name}")];
-    assert_success(&bed.kubectl(kubeconfig, &established), "the CRD established");
+    wait_established(bed, kubeconfig, name);
 }
 
 /// A cluster-scoped CRD of `group` with a status subresource at each of `versions`

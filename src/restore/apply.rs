@@ -470,7 +470,8 @@ impl<'a> WriteSequence<'a> {
         let fresh = LiveObject::from_raw(self.kind, &fresh);
         let decision = if record.keys.iter().any(|k| fresh.keys.contains(k)) {
             let (manifest, force) = (self.applier.manifest, self.applier.force);
-            plan::decide(&record.status, &fresh, manifest.comparable_time(jiff::Timestamp::now()), force)
+            let snapshot_time = manifest.comparable_time(jiff::Timestamp::now());
+            plan::decide_from(&record.status, &fresh, &manifest.snapshot_id, snapshot_time, force)
         } else {
             let keys: Vec<String> = fresh.keys.iter().map(ToString::to_string).collect();
             let reason = format!(
@@ -1259,6 +1260,24 @@ mod tests {
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Incompatible, 3, None));
         assert!(outcome.reason.unwrap().contains("Unsupported value"));
+    }
+
+    /// F61 when the plan saw the object before its mark: the write conflicts, and the re-read
+    /// object carries the snapshot's `not-restored-from` (another pass refused it and released
+    /// it meanwhile). It is decided again as the plan would: `incompatible`, nothing more
+    /// written (before, it was quiesced, refused and released once more).
+    #[tokio::test]
+    async fn an_object_refused_meanwhile_is_not_quiesced_again_after_a_conflict() {
+        let outcome = restore_one(|mut api| async move {
+            let (method, _, _) = answer(&mut api, StatusCode::CONFLICT, conflict()).await;
+            assert_eq!(method, Method::PATCH, "quiesce, on the version the plan saw");
+            let refused = json!({NOT_RESTORED_ANNOTATION: snapshot_id()});
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("5", refused, json!({}))).await;
+            assert_eq!((method, path.as_str()), (Method::GET, SERVER), "read again");
+            // Nothing more: no quiesce, no release, no Event.
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Incompatible, 1, None));
     }
 
     /// F61: fields the served schema prunes are named: the status is restored in part, the

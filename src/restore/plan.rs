@@ -372,19 +372,8 @@ fn record_item(input: &PlanInput<'_>, kind: &KindProfile, r: usize, record: Reco
                 // its status is settled (restored, equal, or moved on and its controller has
                 // state to work from).
                 item.release = object.quiesced_by_restatus();
-                let decision = decide(&record.status, object, input.snapshot_time, input.force);
+                let decision = decide_from(&record.status, object, input.snapshot, input.snapshot_time, input.force);
                 (item.verdict, item.reason, item.forced) = (decision.verdict, decision.reason, decision.forced);
-                if item.verdict == Verdict::Restore && object.refused(input.snapshot.as_str()) {
-                    // The target's schema did not take this snapshot's status for it whole before
-                    // (refused it, or pruned fields): it was released then, and is not quiesced
-                    // and written again for the same answer.
-                    item.verdict = Verdict::Incompatible;
-                    item.reason = format!(
-                        "the target did not take the status of snapshot {} whole before ({NOT_RESTORED_ANNOTATION}); \
-                         a newer snapshot, or removing the annotation, tries again",
-                        input.snapshot
-                    );
-                }
                 if input.explain && item.verdict == Verdict::Restore {
                     let wanted: Value = serde_json::from_str(record.status.get()).unwrap_or(Value::Null);
                     item.changes = diff(object.status_value().as_ref(), &wanted);
@@ -465,6 +454,28 @@ pub fn decide(recorded: &RawValue, object: &LiveObject, snapshot_time: Option<Ti
             Decision::new(Verdict::SkipNewer, format!("live status moved on ({when}); --force overwrites it"))
         }
     }
+}
+
+/// [`decide`], for a record of snapshot `snapshot`: an object the target did not take this
+/// snapshot's status for whole before (refused it, or pruned fields; it carries the snapshot's
+/// `not-restored-from` mark) is `incompatible`, not quiesced and written again for the same
+/// answer. A newer snapshot, or a person removing the mark, tries again.
+pub fn decide_from(
+    recorded: &RawValue,
+    object: &LiveObject,
+    snapshot: &SnapshotId,
+    snapshot_time: Option<Timestamp>,
+    force: bool,
+) -> Decision {
+    let decision = decide(recorded, object, snapshot_time, force);
+    if decision.verdict == Verdict::Restore && object.refused(snapshot.as_str()) {
+        let reason = format!(
+            "the target did not take the status of snapshot {snapshot} whole before ({NOT_RESTORED_ANNOTATION}); \
+             a newer snapshot, or removing the annotation, tries again"
+        );
+        return Decision::new(Verdict::Incompatible, reason);
+    }
+    decision
 }
 
 /// Whether a status written at `written` (the target API server's clock, from managedFields)
