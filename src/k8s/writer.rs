@@ -24,11 +24,19 @@ pub const FIELD_MANAGER: &str = TOOL_NAME;
 pub struct Writer {
     client: kube::Client,
     reporter: Reporter,
-    /// Per kind and version (see [`served_key`]) whose group/version discovery answered:
-    /// whether it has a status subresource. A kind not here is asked about on its next write.
-    discovered: std::sync::RwLock<HashMap<String, bool>>,
-    /// Per kind and version that discovery was asked about: whether the API server serves it.
-    served: std::sync::RwLock<HashMap<String, bool>>,
+    /// What discovery said, per kind and version (see [`served_key`]). A kind not here is
+    /// asked about on its next write.
+    discovered: std::sync::RwLock<HashMap<String, Discovered>>,
+}
+
+/// What discovery said of one kind at one version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Discovered {
+    /// Its group/version is not served: nothing of it can be written (its status subresource
+    /// is asked about again on the next write: a CRD may have been installed since).
+    GroupNotServed,
+    /// Its group/version answered: whether it lists the kind, and its status subresource.
+    Answered { served: bool, status: bool },
 }
 
 /// A kind at one version: `Kind.group/version`.
@@ -39,12 +47,7 @@ fn served_key(kind: &KindProfile) -> String {
 impl Writer {
     /// Asks the API server (discovery) which kinds of the profile have a status subresource.
     pub async fn new(client: &kube::Client, profile: &Profile) -> Result<Self> {
-        let writer = Writer {
-            client: client.clone(),
-            reporter: events::reporter(),
-            discovered: Default::default(),
-            served: Default::default(),
-        };
+        let writer = Writer { client: client.clone(), reporter: events::reporter(), discovered: Default::default() };
         // Denied kinds are never written: their groups are not asked (a profile may spell the
         // core group `core`, which no API server serves under /apis).
         let kinds: Vec<&KindProfile> = profile.kinds.iter().filter(|k| !k.is_denied()).collect();
@@ -75,19 +78,18 @@ impl Writer {
             // Not served: nothing of it can be written; planning says so per object.
             // (A 404 of a group the server does not know comes with a plain-text body.)
             Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 404 => {
-                let mut served = self.served.write().unwrap_or_else(|e| e.into_inner());
-                served.extend(kinds.map(|k| (served_key(k), false)));
+                let mut discovered = self.discovered.write().unwrap_or_else(|e| e.into_inner());
+                discovered.extend(kinds.map(|k| (served_key(k), Discovered::GroupNotServed)));
                 return Ok(());
             }
             Err(e) => return Err(Error::kube(format!("discover {path}"), e)),
         };
         let names: HashSet<&str> = resources.resources.iter().map(|r| r.name.as_str()).collect();
         let mut discovered = self.discovered.write().unwrap_or_else(|e| e.into_inner());
-        let mut served = self.served.write().unwrap_or_else(|e| e.into_inner());
         for kind in kinds {
             let status = names.contains(format!("{}/status", kind.plural).as_str());
-            discovered.insert(served_key(kind), status);
-            served.insert(served_key(kind), names.contains(kind.plural.as_str()));
+            let served = names.contains(kind.plural.as_str());
+            discovered.insert(served_key(kind), Discovered::Answered { served, status });
         }
         Ok(())
     }
@@ -104,18 +106,23 @@ impl Writer {
 
     /// What discovery last said of `kind`'s status subresource, if it was asked.
     pub fn known_status_subresource(&self, kind: &KindProfile) -> Option<bool> {
+        match self.known(kind)? {
+            Discovered::Answered { status, .. } => Some(status),
+            Discovered::GroupNotServed => None,
+        }
+    }
+
+    fn known(&self, kind: &KindProfile) -> Option<Discovered> {
         self.discovered.read().unwrap_or_else(|e| e.into_inner()).get(&served_key(kind)).copied()
     }
 
     /// Whether the API server serves `kind` at its version (a record captured in another
     /// version than the profile's is written in its own, when the target still serves it).
     pub async fn serves(&self, kind: &KindProfile) -> Result<bool> {
-        let known = |w: &Self| w.served.read().unwrap_or_else(|e| e.into_inner()).get(&served_key(kind)).copied();
-        if let Some(known) = known(self) {
-            return Ok(known);
+        if self.known(kind).is_none() {
+            self.discover(&kind.group, &kind.version, std::iter::once(kind)).await?;
         }
-        self.discover(&kind.group, &kind.version, std::iter::once(kind)).await?;
-        Ok(known(self).unwrap_or(false))
+        Ok(matches!(self.known(kind), Some(Discovered::Answered { served: true, .. })))
     }
 
     /// Forgets what discovery said of `kind`, at every version: a status write that did not
@@ -124,7 +131,6 @@ impl Writer {
     pub fn forget(&self, kind: &KindProfile) {
         let prefix = format!("{}/", kind.qualified_kind());
         self.discovered.write().unwrap_or_else(|e| e.into_inner()).retain(|k, _| !k.starts_with(&prefix));
-        self.served.write().unwrap_or_else(|e| e.into_inner()).retain(|k, _| !k.starts_with(&prefix));
     }
 
     /// A JSON merge patch of the object (or of its `subresource`), as restatus. The answer
@@ -264,14 +270,14 @@ impl Writer {
     pub(crate) fn scripted(client: kube::Client, status_subresource: &[&str]) -> Self {
         let reporter = Reporter { controller: TOOL_NAME.into(), instance: None };
         let kinds = Profile::metal_operator().kinds;
-        let discovered = kinds.iter().map(|k| (served_key(k), status_subresource.contains(&k.kind.as_str()))).collect();
-        let served = kinds.iter().map(|k| (served_key(k), true)).collect();
-        Writer {
-            client,
-            reporter,
-            discovered: std::sync::RwLock::new(discovered),
-            served: std::sync::RwLock::new(served),
-        }
+        let discovered = kinds
+            .iter()
+            .map(|k| {
+                let status = status_subresource.contains(&k.kind.as_str());
+                (served_key(k), Discovered::Answered { served: true, status })
+            })
+            .collect();
+        Writer { client, reporter, discovered: std::sync::RwLock::new(discovered) }
     }
 }
 
