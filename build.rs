@@ -36,4 +36,15 @@ fn main() {
         .or_else(|| std::env::var("RESTATUS_GIT_COMMIT").ok().filter(|c| !c.trim().is_empty()))
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=RESTATUS_GIT_COMMIT={commit}");
+    // The compiler's version, for the `restatus_build_info` metric (cargo sets RUSTC here).
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let rustc = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=RESTATUS_RUSTC_VERSION={rustc}");
 }

@@ -9,8 +9,10 @@
 //! the source's etcd (`restatus::fleet::etcd`, bench-only), each size's increment just before
 //! that size is measured.
 
+mod support;
+
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use restatus::domain::identity::Profile;
@@ -18,10 +20,7 @@ use restatus::fleet::etcd::{EtcdTarget, load_servers, wait_listed};
 use restatus::fleet::{FLEET_LABEL, FleetSpec};
 use restatus::k8s::PageRequest;
 use restatus::k8s::list::{ListPage, fetch_page};
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} unset: run scripts/bench"))
-}
+use support::{Controller, env, get, metric, rss_kib, timed};
 
 /// A bare paginated LIST of the selected Servers; returns the objects listed.
 async fn bare_list(client: &kube::Client, selector: &str) -> usize {
@@ -38,54 +37,6 @@ async fn bare_list(client: &kube::Client, selector: &str) -> usize {
         }
     }
     objects
-}
-
-/// Runs `restatus ARGS` under /usr/bin/time: wall time and peak RSS (KiB).
-fn timed(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64) {
-    let started = Instant::now();
-    let out = Command::new("/usr/bin/time")
-        .args(["-f", "%M", env!("CARGO_BIN_EXE_restatus")])
-        .args(args)
-        .env("RESTATUS_STORAGE", storage)
-        .env("RESTATUS_CLUSTER_ID", cluster)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run /usr/bin/time restatus");
-    let elapsed = started.elapsed();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "restatus {args:?} failed: {stderr}");
-    (elapsed, stderr.lines().last().and_then(|l| l.trim().parse().ok()).expect("peak RSS from /usr/bin/time"))
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("VmRSS: 0 kB");
-    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0)
-}
-
-fn metric(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
-
-fn get(port: u16, path: &str) -> Option<String> {
-    let out = Command::new("curl").args(["-sf", &format!("http://127.0.0.1:{port}{path}")]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-struct Controller {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Waits until the controller has decided `n` objects in all, sampling its RSS each second;

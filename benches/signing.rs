@@ -1,8 +1,9 @@
-//! Signing's cost, side by side (issue 24: at most 5% on backup and restore at 10k objects).
-//! The store side of a backup (encode 10,000 records, upload the payload, write the manifest:
-//! unsigned, or signature then manifest) and of a restore (choose the snapshot: manifest, with or
-//! without its signature checked, payload's size and sha256, every record decoded), alternating
-//! unsigned and signed rounds so machine noise hits both. The cluster side (LISTs, status
+//! Signing's and encryption's cost, side by side (issue 24: at most 5% on backup and restore at
+//! 10k objects). The store side of a backup (encode 10,000 records, upload the payload, write the
+//! manifest: plain; signed, signature then manifest; sealed, signed and the payload encrypted to
+//! an age recipient) and of a restore (choose the snapshot: manifest, with or without its
+//! signature checked, payload's size and sha256, decrypted when sealed, every record decoded),
+//! alternating plain, signed and sealed rounds so machine noise hits all three. The cluster side (LISTs, status
 //! writes) is left out: it is the same with or without signing, so the ratios here are an upper
 //! bound on what signing adds to a whole backup or restore. `cargo bench --bench signing`.
 
@@ -10,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use restatus::format::{
-    CaptureSummary, IdentityKey, Manifest, PayloadEncoder, Record, SigningKey, SnapshotId, TrustedKeys,
+    CaptureSummary, DecryptionKeys, IdentityKey, Manifest, PayloadEncoder, Recipients, Record, SigningKey, SnapshotId,
+    TrustedKeys,
 };
 use restatus::store::{Accept, SnapshotStore, choose_snapshot};
 use serde_json::value::RawValue;
@@ -43,12 +45,17 @@ fn record(i: usize) -> Record {
     }
 }
 
-/// The store side of one backup; signed with `key` when given.
-async fn backup(store: &SnapshotStore, records: &[Record], key: Option<&SigningKey>) -> (SnapshotId, Duration) {
+/// The store side of one backup; signed with `key` when given, its payload encrypted to `to`.
+async fn backup(
+    store: &SnapshotStore,
+    records: &[Record],
+    key: Option<&SigningKey>,
+    to: Option<&Recipients>,
+) -> (SnapshotId, Duration) {
     let started = Instant::now();
     let now = jiff::Timestamp::now();
     let id = SnapshotId::new(now);
-    let mut encoder = PayloadEncoder::new(3).unwrap();
+    let mut encoder = PayloadEncoder::with_recipients(3, to).unwrap();
     let mut payload = Vec::new();
     for r in records {
         encoder.push(r).unwrap();
@@ -86,20 +93,28 @@ async fn main() {
     let records: Vec<Record> = (0..OBJECTS).map(record).collect();
     let key = SigningKey::generate();
     let trusting = Accept { trusted: Some(Arc::new(TrustedKeys::new([key.public_key()]))), ..Default::default() };
-    let (mut b_plain, mut b_signed, mut r_plain, mut r_signed) = (vec![], vec![], vec![], vec![]);
+    let (identity, recipient) = DecryptionKeys::generate(jiff::Timestamp::now());
+    let to = Recipients::load(&[recipient]).unwrap().expect("a recipient");
+    let unsealing =
+        store.clone().with_decryption_keys(Some(Arc::new(DecryptionKeys::parse_all("bench", &identity).unwrap())));
+    let (mut b_plain, mut b_signed, mut b_sealed) = (vec![], vec![], vec![]);
+    let (mut r_plain, mut r_signed, mut r_sealed) = (vec![], vec![], vec![]);
     // One warm-up round of each, not counted.
-    let (warm, _) = backup(&store, &records, Some(&key)).await;
-    restore(&store, &warm, &trusting).await;
+    let (warm, _) = backup(&store, &records, Some(&key), Some(&to)).await;
+    restore(&unsealing, &warm, &trusting).await;
     for _ in 0..ROUNDS {
-        let (plain, took) = backup(&store, &records, None).await;
+        let (plain, took) = backup(&store, &records, None, None).await;
         b_plain.push(took);
-        let (signed, took) = backup(&store, &records, Some(&key)).await;
+        let (signed, took) = backup(&store, &records, Some(&key), None).await;
         b_signed.push(took);
+        let (sealed, took) = backup(&store, &records, Some(&key), Some(&to)).await;
+        b_sealed.push(took);
         r_plain.push(restore(&store, &plain, &Accept::default()).await);
         r_signed.push(restore(&store, &signed, &trusting).await);
+        r_sealed.push(restore(&unsealing, &sealed, &trusting).await);
     }
     // The primitive alone, on this snapshot's manifest bytes.
-    let (id, _) = backup(&store, &records, Some(&key)).await;
+    let (id, _) = backup(&store, &records, Some(&key), None).await;
     let manifest = store.manifest(&id).await.unwrap().to_json();
     let started = Instant::now();
     let mut signature = Vec::new();
@@ -113,9 +128,19 @@ async fn main() {
         trusted.verify(id.as_str(), &manifest, Some(key.id()), Some(&signature)).unwrap();
     }
     let verify_us = started.elapsed().as_secs_f64() * 1000.0;
-    let (bp, bs, rp, rs) = (median(b_plain), median(b_signed), median(r_plain), median(r_signed));
-    println!("signing bench: {OBJECTS} objects, {ROUNDS} alternating rounds, medians, file:// store");
-    println!("backup (store side)   unsigned {bp:8.1} ms   signed {bs:8.1} ms   {:+.1}%", (bs / bp - 1.0) * 100.0);
-    println!("restore (store side)  unchecked {rp:7.1} ms   verified {rs:6.1} ms   {:+.1}%", (rs / rp - 1.0) * 100.0);
+    let (bp, bs, be) = (median(b_plain), median(b_signed), median(b_sealed));
+    let (rp, rs, re) = (median(r_plain), median(r_signed), median(r_sealed));
+    let pct = |x: f64, base: f64| (x / base - 1.0) * 100.0;
+    println!("signing and encryption bench: {OBJECTS} objects, {ROUNDS} alternating rounds, medians, file:// store");
+    println!(
+        "backup (store side)   plain {bp:8.1} ms   signed {bs:8.1} ms {:+6.1}%   sealed {be:8.1} ms {:+6.1}%",
+        pct(bs, bp),
+        pct(be, bp)
+    );
+    println!(
+        "restore (store side)  plain {rp:8.1} ms   verified {rs:6.1} ms {:+6.1}%   unsealed {re:6.1} ms {:+6.1}%",
+        pct(rs, rp),
+        pct(re, rp)
+    );
     println!("sign one manifest ({} bytes): {sign_us:.1} us; verify: {verify_us:.1} us", manifest.len());
 }

@@ -711,6 +711,19 @@ pub fn generate_keys(bed: &Bed, name: &str) -> (PathBuf, PathBuf, String) {
     (with("key"), with("pub"), id)
 }
 
+/// An age key pair from `restatus keys generate --age`: the private key file, the recipient
+/// file, and the recipient (`age1…`).
+pub fn generate_age_keys(bed: &Bed, name: &str) -> (PathBuf, PathBuf, String) {
+    let base = bed.scratch.path().join(name);
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_restatus")).args(["keys", "generate", "--age"]).arg(&base).output().unwrap();
+    assert_success(&out, "keys generate --age");
+    // "recipient age1…"
+    let recipient = stdout(&out).split_whitespace().nth(1).expect("recipient").to_string();
+    let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
+    (with("agekey"), with("recipient"), recipient)
+}
+
 /// What someone who can write the bucket can do: a snapshot made from `from`'s records with
 /// every status changed (`state: Forged`), its payload's size, sha256 and counts recomputed
 /// into a manifest dated now, written beside the real ones, unsigned. Its id.

@@ -10,6 +10,8 @@ mod fleet;
 mod metrics;
 mod moving;
 mod operator;
+mod plugin;
 mod readonly;
 mod restore;
 mod s3;
+mod tls;

@@ -135,6 +135,7 @@ async fn schedule_and_controller_export_backup_and_newest_snapshot_metrics() {
         "{before}"
     );
     assert_eq!(value(&before, &format!("restatus_snapshot_newest_timestamp_seconds{label}")), Some(0.0), "{before}");
+    assert_build_info(&before);
 
     // A second schedule on the same port stops at once, saying why.
     let taken = bed.restatus(&storage, &cluster, &["schedule", "--cron", "* * * * *", "--metrics-addr", &addr]);
@@ -191,4 +192,15 @@ async fn schedule_and_controller_export_backup_and_newest_snapshot_metrics() {
     assert_eq!(value(&body, &series), Some(records));
     assert_eq!(value(&body, &format!("restatus_snapshot_newest_timestamp_seconds{label}")), Some(newest));
     assert_eq!(value(&body, &format!("restatus_snapshot_newest_consistent{label}")), Some(1.0));
+    assert_build_info(&body);
+}
+
+/// `restatus_build_info{version,commit,rustc,format_version} 1` on a role's /metrics.
+fn assert_build_info(body: &str) {
+    let line = body.lines().find(|l| l.starts_with("restatus_build_info{")).unwrap_or_else(|| panic!("{body}"));
+    assert!(line.ends_with("} 1"), "{line}");
+    let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+    for label in [version.as_str(), "commit=\"", "rustc=\"rustc ", "format_version=\""] {
+        assert!(line.contains(label), "{label} in {line}");
+    }
 }

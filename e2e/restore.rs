@@ -14,8 +14,8 @@ use restatus::restore::{Applier, RestoreOptions};
 use serde_json::{Value, json};
 
 use crate::bed::{
-    Bed, TARGET, assert_stopped_cleanly, assert_success, fleet_state, forge, generate_keys, simulate_move, stderr,
-    stdout, unique, wait_some_restored,
+    Bed, TARGET, assert_stopped_cleanly, assert_success, fleet_state, forge, generate_age_keys, generate_keys,
+    simulate_move, stderr, stdout, unique, wait_some_restored,
 };
 
 /// A fleet on the source, backed up under a cluster id of its own.
@@ -735,4 +735,129 @@ async fn signed_snapshots_a_forgery_is_refused_with_the_key_and_the_signed_one_r
     let out = snapshots(&["verify", &s.snapshot, "--trusted-key", &public]);
     assert_success(&out, "verify the signed snapshot");
     assert!(stdout(&out).contains(&format!("signature of trusted key {key_id}")), "{}", stdout(&out));
+}
+
+/// Every string under a `serialNumber` or `macAddress` field of `value`: what identifies the
+/// fleet's machines.
+fn identities(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                match (key.as_str(), v) {
+                    ("serialNumber" | "macAddress", Value::String(s)) => out.push(s.clone()),
+                    _ => identities(v, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| identities(v, out)),
+        _ => {}
+    }
+}
+
+/// What a reader of the bucket without a key sees of a payload: its bytes, and what they
+/// decompress to when they are zstd at all.
+fn readable(bytes: &[u8]) -> String {
+    let mut out = String::from_utf8_lossy(bytes).into_owned();
+    if let Ok(plain) = zstd::decode_all(bytes) {
+        out.push_str(&String::from_utf8_lossy(&plain));
+    }
+    out
+}
+
+/// F80-F82 end to end: a fleet backed up plain, then encrypted to a recipient from `restatus
+/// keys generate --age`. The encrypted payload in the bucket holds none of the fleet's serial
+/// numbers or MACs (the plain one, decompressed, holds every one), nor does its manifest.
+/// Without the key a restore passes it over for the plain snapshot, naming it, and refuses it
+/// pinned, saying it is encrypted and to whom; with another key the same, saying it does not
+/// decrypt; with the key every status comes back from it. `snapshots list` shows which
+/// snapshots are encrypted, and `verify` reads it only with the key.
+#[tokio::test]
+async fn encrypted_snapshots_hold_no_readable_status_and_restore_only_with_the_key() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (key, recipient_file, recipient) = generate_age_keys(&bed, "restore-side");
+    let (other, _, other_recipient) = generate_age_keys(&bed, "another");
+    let (key, recipient_file, other) =
+        (key.display().to_string(), recipient_file.display().to_string(), other.display().to_string());
+    let s = Scenario::with_backup(bed, 4, 2, &[]).await;
+    let plain = s.snapshot.clone();
+    let backup = ["backup", "--selector", &s.spec.selector(), "--encrypt-to", &recipient_file];
+    let out = s.bed.restatus(&s.storage, &s.cluster, &backup);
+    assert_success(&out, "encrypted backup");
+    let sealed = stdout(&out).trim().to_string();
+    assert!(!stderr(&out).contains("AGE-SECRET-KEY"), "{}", stderr(&out));
+
+    // The bucket: the plain payload shows every serial and MAC, the encrypted one none.
+    let mut ids = vec![];
+    for status in s.source_state().await.values() {
+        identities(status, &mut ids);
+    }
+    assert!(ids.len() >= 8, "the fleet's serials and MACs: {ids:?}");
+    let store = s.bed.store(&s.storage, &s.cluster);
+    let payload = |id: &str| {
+        let store = store.clone();
+        let id = id.parse().unwrap();
+        async move { store.payload_bytes(&id).await.unwrap() }
+    };
+    let (plain_bytes, sealed_bytes) = (readable(&payload(&plain).await), readable(&payload(&sealed).await));
+    for id in &ids {
+        assert!(plain_bytes.contains(id.as_str()), "the plain payload holds {id}");
+        assert!(!sealed_bytes.contains(id.as_str()), "the encrypted payload shows {id}");
+    }
+    let manifest = store.manifest(&sealed.parse().unwrap()).await.unwrap();
+    let manifest_text = String::from_utf8_lossy(&manifest.to_json()).into_owned();
+    assert!(ids.iter().all(|id| !manifest_text.contains(id.as_str())), "{manifest_text}");
+    assert_eq!(manifest.encryption.as_ref().map(|e| e.recipients.clone()), Some(vec![recipient.clone()]));
+    assert_eq!(manifest.payload.records, 10, "counts stay readable");
+
+    // `snapshots list`: which snapshots are encrypted, to whom, without a key.
+    let snapshots = |args: &[&str]| s.bed.restatus(&s.storage, &s.cluster, &[&["snapshots"], args].concat());
+    let out = snapshots(&["list", "-o", "json"]);
+    assert_success(&out, "snapshots list");
+    let rows: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let row = |id: &str| rows.as_array().unwrap().iter().find(|r| r["id"] == id).unwrap().clone();
+    assert_eq!(row(&sealed)["encryptedTo"], json!([recipient]));
+    assert_eq!(row(&plain)["encryptedTo"], Value::Null);
+    assert!(stdout(&snapshots(&["list"])).contains("ENCRYPTED TO"));
+
+    simulate_move(&s.bed.source().await, &s.bed.target().await, &s.spec.name, &|n| n.to_string()).await;
+    // Without the key: passed over for the plain snapshot, named; pinned, refused by name.
+    let report = s.report(&["--dry-run"]);
+    assert_eq!(report["snapshot"], plain.as_str());
+    let passed = report["passedOver"].as_array().unwrap();
+    assert_eq!((passed.len(), passed[0]["snapshot"].as_str()), (1, Some(sealed.as_str())), "{passed:?}");
+    assert!(passed[0]["reason"].as_str().unwrap().contains("--decryption-key"), "{passed:?}");
+    let out = s.restore(&["--snapshot", &sealed]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("snapshot {sealed}: its payload is encrypted to {recipient}"))
+            && err.contains("--decryption-key"),
+        "{err}"
+    );
+    // Another key: the same, saying it does not decrypt.
+    let report = s.report(&["--dry-run", "--decryption-key", &other]);
+    assert_eq!(report["snapshot"], plain.as_str());
+    let out = s.restore(&["--snapshot", &sealed, "--decryption-key", &other]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("snapshot {sealed}: payload does not decrypt: none of the decryption keys"))
+            && err.contains(&other_recipient),
+        "{err}"
+    );
+    assert!(!err.contains("AGE-SECRET-KEY"), "key material in the output: {err}");
+    let out = snapshots(&["verify", &sealed]);
+    assert!(!out.status.success() && stdout(&out).contains(&format!("{sealed}: FAILED")), "{}", stdout(&out));
+
+    // With the key: every status back, from the encrypted snapshot.
+    let report = s.report(&["--decryption-key", &key]);
+    assert_eq!(report["snapshot"], sealed.as_str());
+    assert!(report["passedOver"].as_array().is_none_or(|p| p.is_empty()), "{report}");
+    assert_eq!(count(&report, "restore"), 10);
+    let target: BTreeMap<String, Value> =
+        s.target_state().await.into_iter().map(|(k, (status, _))| (k, status)).collect();
+    assert_eq!(target, s.source_state().await, "every status back");
+    let out = snapshots(&["verify", &sealed, "--decryption-key", &key]);
+    assert_success(&out, "verify with the key");
 }

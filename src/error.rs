@@ -23,6 +23,11 @@ pub enum Error {
     #[error("snapshot {0}: not found (no manifest)")]
     SnapshotNotFound(String),
 
+    /// `snapshots delete` refused: no such snapshot, or one a restore would use (without
+    /// `--force`), or objects left behind.
+    #[error("snapshot {snapshot}: not deleted: {reason}")]
+    NotDeleted { snapshot: String, reason: String },
+
     /// A snapshot whose capture was inconsistent, asked for without `--allow-inconsistent`.
     #[error("snapshot {snapshot}: {reason}")]
     Inconsistent { snapshot: String, reason: String },
@@ -43,6 +48,18 @@ pub enum Error {
     #[error("snapshot {snapshot}: signature refused: {reason}")]
     BadSignature { snapshot: String, reason: String },
 
+    /// An encrypted snapshot, read without a decryption key.
+    #[error(
+        "snapshot {snapshot}: its payload is encrypted to {recipients}; reading it needs the private key of one \
+         of them (--decryption-key)"
+    )]
+    Encrypted { snapshot: String, recipients: String },
+
+    /// An encrypted snapshot none of the decryption keys opens, or of a scheme this build does
+    /// not read.
+    #[error("snapshot {snapshot}: payload does not decrypt: {reason}")]
+    Undecryptable { snapshot: String, reason: String },
+
     /// A key file or key that cannot be used (named, never shown).
     #[error("key {source_name}: {reason}")]
     Key { source_name: String, reason: String },
@@ -60,8 +77,9 @@ pub enum Error {
     TooLarge { snapshot: String, size: u64, limit: u64 },
 
     /// No complete snapshot of the cluster at all.
-    #[error("no complete snapshot for cluster {cluster} in {location}")]
-    NoSnapshot { cluster: String, location: String },
+    /// `known`: "; cluster ids there: a, b" (bounded), or empty when the prefix holds no other.
+    #[error("no complete snapshot for cluster {cluster} in {location}{known}")]
+    NoSnapshot { cluster: String, location: String, known: String },
 
     #[error("invalid snapshot id {0:?}")]
     InvalidSnapshotId(String),
@@ -74,6 +92,14 @@ pub enum Error {
 
     #[error("storage URL {url}: {reason}")]
     StorageUrl { url: String, reason: String },
+
+    #[error(
+        "{context}: no S3 credentials found; looked in the environment (AWS_ACCESS_KEY_ID and \
+         AWS_SECRET_ACCESS_KEY), for a web identity (AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN), \
+         the container endpoint (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI) and the instance metadata \
+         service, which answered: {metadata}"
+    )]
+    NoCredentials { context: String, metadata: String },
 
     #[error("object store: {context}: {source}")]
     Store {
@@ -112,6 +138,11 @@ pub enum Error {
     )]
     StatusNotStored { kind: String, name: String, snapshot: String },
 
+    /// One object's restore failed (an API error, an answer restatus cannot use); the
+    /// controller tries it again after a backoff.
+    #[error("{object}: restore failed: {reason}")]
+    RestoreFailed { object: String, reason: String },
+
     #[error("leader election: {0}")]
     Leader(String),
 
@@ -135,10 +166,13 @@ impl Error {
             Error::UnsupportedFormat { .. } => "unsupported_format",
             Error::ForeignSnapshot { .. } => "foreign_snapshot",
             Error::SnapshotNotFound(_) => "snapshot_not_found",
+            Error::NotDeleted { .. } => "not_deleted",
             Error::Inconsistent { .. } => "inconsistent_snapshot",
             Error::SameCluster { .. } => "same_cluster_snapshot",
             Error::Unsigned { .. } => "unsigned_snapshot",
             Error::BadSignature { .. } => "bad_signature",
+            Error::Encrypted { .. } => "encrypted_snapshot",
+            Error::Undecryptable { .. } => "undecryptable_snapshot",
             Error::Key { .. } => "key",
             Error::NoGoodSnapshot { .. } => "no_good_snapshot",
             Error::NoSnapshot { .. } => "no_snapshot",
@@ -148,12 +182,14 @@ impl Error {
             Error::Cron { .. } => "cron",
             Error::StorageUrl { .. } => "storage_url",
             Error::Store { .. } => "store",
+            Error::NoCredentials { .. } => "no_credentials",
             Error::StoreTimeout { .. } => "store_timeout",
             Error::Kube { .. } => "kube",
             Error::Kubeconfig { .. } => "kubeconfig",
             Error::InvalidObject { .. } => "invalid_object",
             Error::KeptChanging { .. } => "kept_changing",
             Error::StatusNotStored { .. } => "status_not_stored",
+            Error::RestoreFailed { .. } => "restore_failed",
             Error::Leader(_) => "leader",
             Error::WatchesEnded => "watches_ended",
             Error::Io { .. } => "io",
@@ -165,6 +201,15 @@ impl Error {
     }
 
     pub(crate) fn store(context: impl Into<String>, source: object_store::Error) -> Self {
+        // With no credentials configured, object_store falls back to the instance metadata
+        // service; off EC2 its refusal, repeated once per wrapping layer, hides the real cause.
+        if no_credentials_configured(|k| std::env::var_os(k).is_some()) && source.to_string().contains(IMDS_HOST) {
+            let mut cause: &dyn std::error::Error = &source;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            return Error::NoCredentials { context: context.into(), metadata: cause.to_string() };
+        }
         Error::Store { context: context.into(), source }
     }
 
@@ -180,5 +225,52 @@ impl Error {
     /// storage meanwhile, every 5 minutes by default); listing again from the start works.
     pub fn is_expired_list(&self) -> bool {
         matches!(self, Error::Kube { source: kube::Error::Api(status), .. } if status.code == 410)
+    }
+
+    /// The continue token a 410 of an expired listing offers: the rest of the listing at the
+    /// API server's current revision (`None` when it offers none).
+    pub fn expired_list_continue(&self) -> Option<&str> {
+        match self {
+            Error::Kube { source: kube::Error::Api(status), .. } if status.code == 410 => {
+                status.metadata.as_ref()?.continue_.as_deref().filter(|t| !t.is_empty())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The instance metadata service, object_store's last place to look for S3 credentials.
+const IMDS_HOST: &str = "169.254.169.254";
+
+/// Where S3 credentials are looked for before the instance metadata service; none set means
+/// a metadata failure is a missing-credentials failure.
+const CREDENTIAL_VARS: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+];
+
+fn no_credentials_configured(is_set: impl Fn(&str) -> bool) -> bool {
+    !CREDENTIAL_VARS.iter().any(|k| is_set(k))
+}
+
+#[cfg(test)]
+mod credential_tests {
+    use super::*;
+
+    /// Any credential source configured: a metadata error is not a missing-credentials one.
+    #[test]
+    fn credentials_are_missing_only_when_no_source_is_set() {
+        assert!(no_credentials_configured(|_| false));
+        for var in CREDENTIAL_VARS {
+            assert!(!no_credentials_configured(|k| k == *var), "{var}");
+        }
+        let e = Error::NoCredentials { context: "list snapshots under s3://b/p".into(), metadata: "403".into() };
+        let text = e.to_string();
+        for part in ["no S3 credentials found", "AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE", "instance metadata"]
+        {
+            assert!(text.contains(part), "{part} in {text}");
+        }
     }
 }

@@ -74,7 +74,14 @@ pub fn manifest(id: SnapshotId, at: Timestamp) -> Manifest {
 }
 
 pub fn manifest_of(id: SnapshotId, at: Timestamp, capture: CaptureSummary) -> Manifest {
-    let payload = PayloadSummary { size: 0, uncompressed_size: 0, sha256: String::new(), records: 0, frames: 0 };
+    let payload = PayloadSummary {
+        size: 0,
+        uncompressed_size: 0,
+        sha256: String::new(),
+        records: 0,
+        frames: 0,
+        encryption: None,
+    };
     Manifest::new("c", id, at, "metal-operator", capture, payload)
 }
 

@@ -87,6 +87,28 @@ impl NewestSnapshotMetrics {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    commit: String,
+    rustc: String,
+    format_version: String,
+}
+
+/// `restatus_build_info{version,commit,rustc,format_version} 1` (registry prefixed `restatus`):
+/// which build serves these metrics. Registered by every role that serves `/metrics`.
+pub fn register_build_info(registry: &mut Registry) {
+    let info = Family::<BuildLabels, Gauge>::default();
+    info.get_or_create(&BuildLabels {
+        version: env!("CARGO_PKG_VERSION").into(),
+        commit: env!("RESTATUS_GIT_COMMIT").into(),
+        rustc: env!("RESTATUS_RUSTC_VERSION").into(),
+        format_version: format!("{}.{}", crate::format::FORMAT_MAJOR, crate::format::FORMAT_MINOR),
+    })
+    .set(1);
+    registry.register("build_info", "The build serving these metrics (value 1)", info);
+}
+
 /// A registry in the OpenMetrics text format ([`OPENMETRICS_CONTENT_TYPE`]).
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
@@ -97,6 +119,24 @@ pub fn render(registry: &Registry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The build-info gauge carries the version, commit, rustc and format version, value 1.
+    #[test]
+    fn build_info_names_the_build_with_value_one() {
+        let mut registry = Registry::with_prefix("restatus");
+        register_build_info(&mut registry);
+        let text = render(&registry);
+        let line = text.lines().find(|l| l.starts_with("restatus_build_info{")).unwrap_or_else(|| panic!("{text}"));
+        assert!(line.ends_with(" 1"), "{line}");
+        for label in [
+            format!("version=\"{}\"", env!("CARGO_PKG_VERSION")),
+            format!("commit=\"{}\"", env!("RESTATUS_GIT_COMMIT")),
+            format!("format_version=\"{}.{}\"", crate::format::FORMAT_MAJOR, crate::format::FORMAT_MINOR),
+        ] {
+            assert!(line.contains(&label), "{label} in {line}");
+        }
+        assert!(line.contains("rustc=\"rustc 1."), "{line}");
+    }
     use crate::fixtures;
     use crate::format::{Consistency, SnapshotId};
     use jiff::Timestamp;

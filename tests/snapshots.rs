@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use restatus::Error;
 use restatus::format::CaptureSummary;
 use restatus::format::IdentityKey;
+use restatus::format::{DecryptionKeys, Recipients, SigningKey, TrustedKeys};
 use restatus::format::{Manifest, PayloadEncoder, Record, SnapshotId};
-use restatus::format::{SigningKey, TrustedKeys};
 use restatus::store::SnapshotStore;
 use restatus::store::retention::{self, RetentionPolicy};
 use restatus::store::{Accept, choose_newer, choose_snapshot};
@@ -555,4 +555,145 @@ async fn forged_snapshots_never_make_retention_delete_the_last_signed_one() {
             assert!(plan.kept[0].reason.contains("newest verified consistent"), "{}", plan.kept[0].reason);
         }
     }
+}
+
+/// F92, B63: `snapshots delete` removes one snapshot whole (manifest, signature, payload),
+/// saying which objects; refuses, naming the snapshot and why, to delete what a restore would
+/// use (the newest complete one; with keys the newest signed one, whatever unsigned ones came
+/// after it) or a folder a backup may still be uploading, unless forced; and an id that is not
+/// there is an error naming it. Nothing is deleted by a refusal.
+#[tokio::test]
+async fn deleting_by_hand_removes_one_snapshot_whole_and_keeps_what_a_restore_uses() {
+    let store = store("c");
+    let key = SigningKey::generate();
+    let trusted = TrustedKeys::new([key.public_key()]);
+    let old = write_signed(&store, "2026-11-30T07:00:00Z", &[record(1, "{}")], &key).await.snapshot_id;
+    let signed = write_signed(&store, "2026-11-30T08:00:00Z", &[record(1, "{}")], &key).await.snapshot_id;
+    let unsigned = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await.snapshot_id;
+    let newest = write(&store, "2026-11-30T10:00:00Z", &[record(1, "{}")]).await.snapshot_id;
+    let uploading = SnapshotId::new("2026-11-30T11:00:00Z".parse().unwrap());
+    replace(&store, &store.payload_path(&uploading), b"half a payload".to_vec()).await;
+    let ids = || async { store.list().await.unwrap().into_iter().map(|e| e.id).collect::<Vec<_>>() };
+    let before = ids().await;
+    assert_eq!(before.len(), 5);
+
+    let refused = |id: &SnapshotId, keys: Option<&TrustedKeys>| {
+        let (store, id, keys) = (store.clone(), id.clone(), keys.cloned());
+        async move { retention::delete_one(&store, &id, keys.as_ref(), false).await.unwrap_err().to_string() }
+    };
+    let err = refused(&newest, None).await;
+    assert!(err.starts_with(&format!("snapshot {newest}: not deleted: it is the newest complete")), "{err}");
+    assert!(err.contains("--force"), "{err}");
+    let err = refused(&signed, Some(&trusted)).await;
+    assert!(err.contains("newest snapshot that verifies (signed by a trusted key"), "{err}");
+    let err = refused(&uploading, None).await;
+    assert!(err.contains("may still be uploading"), "{err}");
+    let missing = SnapshotId::new("2026-11-29T00:00:00Z".parse().unwrap());
+    let err = refused(&missing, None).await;
+    assert!(err.starts_with(&format!("snapshot {missing}: not deleted: no such snapshot in memory:")), "{err}");
+    assert!(err.contains(&format!("/c/{missing}/")), "names where it looked: {err}");
+    assert_eq!(ids().await, before, "a refusal deletes nothing");
+
+    // With keys the 07:00 one is not the newest signed; without keys the newest restorable one
+    // is the unsigned 10:00, so the signed 08:00 may go.
+    let deleted = retention::delete_one(&store, &old, Some(&trusted), false).await.unwrap();
+    let names: Vec<&str> = deleted.files.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["manifest.json", "manifest.json.sig", "payload.jsonl.zst"]);
+    assert!(deleted.complete && deleted.files.iter().all(|(_, size)| *size > 0), "{deleted:?}");
+    let deleted = retention::delete_one(&store, &signed, None, false).await.unwrap();
+    assert_eq!(deleted.files.len(), 3, "the signature too: {deleted:?}");
+    assert!(store.files(&signed).await.unwrap().is_empty());
+    // Forced: the newest and the folder still being written.
+    for id in [&newest, &uploading] {
+        retention::delete_one(&store, id, None, true).await.unwrap();
+    }
+    assert_eq!(ids().await, vec![unsigned.clone()], "the others are gone, nothing else");
+    let left: Vec<_> = store.object_store().list(None).collect::<Vec<_>>().await;
+    assert_eq!(left.len(), 2, "the 09:00 snapshot's payload and manifest: {left:?}");
+}
+
+/// An age key pair for encrypted payloads: the keys and their recipient.
+fn age_pair() -> (Arc<DecryptionKeys>, Recipients) {
+    let (text, recipient) = DecryptionKeys::generate(Timestamp::now());
+    let keys = DecryptionKeys::parse_all("test.agekey", &text).unwrap();
+    (Arc::new(keys), Recipients::load(&[recipient]).unwrap().unwrap())
+}
+
+/// Writes a snapshot whose payload is encrypted to `to`, as a backup does.
+async fn write_encrypted(store: &SnapshotStore, at: &str, records: &[Record], to: &Recipients) -> Manifest {
+    let id = SnapshotId::new(at.parse().unwrap());
+    let mut encoder = PayloadEncoder::with_recipients(3, Some(to)).unwrap();
+    let mut payload = Vec::new();
+    for r in records {
+        encoder.push(r).unwrap();
+        payload.extend(encoder.take_output());
+    }
+    let (tail, summary) = encoder.finish().unwrap();
+    payload.extend(tail);
+    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
+    let manifest = Manifest::new(store.cluster_id(), id, at.parse().unwrap(), "test", empty_capture(), summary);
+    store.put_manifest(&manifest).await.unwrap();
+    manifest
+}
+
+/// F80, F81: an encrypted snapshot is read with its key; without a key, or with another, it is
+/// passed over for the previous snapshot this reader can use, with a warning naming it, and
+/// refused by name when pinned. Retention without a key still finds it restorable (its stored
+/// bytes verify), so a backup that cannot decrypt never deletes the snapshot a restore needs.
+#[tokio::test]
+async fn an_encrypted_snapshot_is_read_with_its_key_and_passed_over_without_it() {
+    let (key, to) = age_pair();
+    let (other, _) = age_pair();
+    // One store, read with no key, the key, and another key.
+    let base = store("c");
+    let older = write(&base, "2026-11-30T08:00:00Z", &[record(1, r#"{"state":"Old"}"#)]).await;
+    let status = r#"{"state":"Reserved","serialNumber":"SRV0DDC0FFE"}"#;
+    let sealed = write_encrypted(&base, "2026-11-30T09:00:00Z", &[record(1, status), record(2, "{}")], &to).await;
+    let id = sealed.snapshot_id.to_string();
+    let (with_key, with_other) =
+        (base.clone().with_decryption_keys(Some(key)), base.clone().with_decryption_keys(Some(other)));
+
+    let loaded = choose_snapshot(&with_key, None, &Accept::default()).await.unwrap();
+    assert_eq!(loaded.manifest.snapshot_id, sealed.snapshot_id);
+    assert!(loaded.passed_over.is_empty());
+    assert_eq!(loaded.records.status(0).unwrap().get(), status);
+    let mut names = vec![];
+    with_key
+        .load(&sealed.snapshot_id, |r| {
+            names.push(r.name);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(names, ["server-1", "server-2"]);
+
+    for (reader, expected) in [(&base, "--decryption-key"), (&with_other, "none of the decryption keys")] {
+        let loaded = choose_snapshot(reader, None, &Accept::default()).await.unwrap();
+        assert_eq!(loaded.manifest.snapshot_id, older.snapshot_id, "the previous snapshot this reader can use");
+        assert_eq!(loaded.passed_over.len(), 1);
+        let passed = &loaded.passed_over[0];
+        assert_eq!(passed.snapshot, id);
+        assert!(passed.reason.contains(&id) && passed.reason.contains(expected), "{}", passed.reason);
+        let pinned = choose_snapshot(reader, Some(&sealed.snapshot_id), &Accept::default()).await.err().unwrap();
+        assert!(matches!(pinned, Error::Encrypted { .. } | Error::Undecryptable { .. }), "{pinned:?}");
+        let err = load_err(reader, &sealed.snapshot_id).await;
+        assert!(err.contains(&id) && err.contains(expected), "{err}");
+    }
+    let err = load_err(&base, &sealed.snapshot_id).await;
+    assert!(err.contains(&to.to_strings()[0]), "names the recipient: {err}");
+
+    // Retention without a key: the encrypted snapshot verifies as stored and is kept.
+    let restorable = retention::newest_restorable(&base, &base.list().await.unwrap(), None).await.unwrap();
+    assert_eq!(restorable, Some(sealed.snapshot_id.clone()));
+    // Its ciphertext damaged: it no longer counts, without a key as with one.
+    let mut bytes = base.payload_bytes(&sealed.snapshot_id).await.unwrap().to_vec();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 1;
+    replace(&base, &base.payload_path(&sealed.snapshot_id), bytes).await;
+    for reader in [&base, &with_key] {
+        let restorable = retention::newest_restorable(reader, &reader.list().await.unwrap(), None).await.unwrap();
+        assert_eq!(restorable, Some(older.snapshot_id.clone()));
+    }
+    let err = load_err(&with_key, &sealed.snapshot_id).await;
+    assert!(err.contains("payload sha256 is"), "checked before decrypting: {err}");
 }

@@ -19,7 +19,8 @@ pub(crate) async fn capture_into(
     upload: &mut BufWriter,
     opts: &BackupOptions,
 ) -> Result<(PayloadEncoder, Collector)> {
-    let mut encoder = PayloadEncoder::new(opts.zstd_level).map_err(|e| Error::io("start zstd", e))?;
+    let mut encoder = PayloadEncoder::with_recipients(opts.zstd_level, opts.recipients.as_deref())
+        .map_err(|e| Error::io("start zstd", e))?;
     let mut collector = Collector::new();
     opts.progress.start("backup", None);
     for kind in &opts.profile.kinds {

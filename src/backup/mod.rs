@@ -13,7 +13,7 @@ use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
 use crate::domain::identity::Profile;
-use crate::format::{Manifest, PayloadEncoder, PayloadSummary, SigningKey, SnapshotId};
+use crate::format::{Manifest, PayloadEncoder, PayloadSummary, Recipients, SigningKey, SnapshotId};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
@@ -35,6 +35,8 @@ pub struct BackupOptions {
     pub progress: crate::progress::ProgressHook,
     /// Signs each manifest (`--signing-key`); `None`: snapshots are unsigned.
     pub signing_key: Option<std::sync::Arc<SigningKey>>,
+    /// Encrypts each payload to these recipients (`--encrypt-to`); `None`: payloads are plain.
+    pub recipients: Option<std::sync::Arc<Recipients>>,
 }
 
 impl BackupOptions {
@@ -52,6 +54,7 @@ impl BackupOptions {
             retry_delay: std::time::Duration::from_secs(2),
             progress: Default::default(),
             signing_key: None,
+            recipients: None,
         }
     }
 }
@@ -91,7 +94,8 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
         let manifest = manifest.await?;
         if manifest.is_consistent() {
             info!(snapshot = %id, records = manifest.payload.records, bytes = manifest.payload.size,
-                signed_by = manifest.signed_by.as_ref().map(|k| k.as_str()), "snapshot written");
+                signed_by = manifest.signed_by.as_ref().map(|k| k.as_str()),
+                encrypted_to = ?manifest.encryption.as_ref().map(|e| &e.recipients), "snapshot written");
         } else {
             warn!(snapshot = %id, attempts = attempt, reasons = manifest.consistency.as_ref().map_or(0, |c| c.reasons.len()),
                 "snapshot written, marked inconsistent: restore skips it unless --allow-inconsistent");

@@ -136,6 +136,7 @@ impl ScheduleMetrics {
     /// Every series exists from the start, at 0: a first failure is then an increase.
     pub fn new(cluster_id: &str) -> Self {
         let mut registry = Registry::with_prefix("restatus");
+        crate::metrics::register_build_info(&mut registry);
         let newest = NewestSnapshotMetrics::default();
         newest.register(&mut registry);
         let last_success = Family::<ClusterLabel, Gauge<f64, AtomicU64>>::default();

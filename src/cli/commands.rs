@@ -14,7 +14,7 @@ use restatus::controller::http;
 use restatus::controller::{self, ControllerOptions, Election, Role as ControllerRole};
 use restatus::domain::compare::Comparer;
 use restatus::domain::identity::Profile;
-use restatus::format::{SigningKey, TrustedKeys};
+use restatus::format::{DecryptionKeys, Recipients, SigningKey, TrustedKeys};
 use restatus::k8s;
 use restatus::k8s::leader::{Fence, LeaseTiming};
 use restatus::moving::handshake::Handshake;
@@ -27,8 +27,8 @@ use tracing::{info, warn};
 use super::output::{self, OutputFormat};
 use super::progress;
 use super::{
-    BackupArgs, Cli, Command, ControllerArgs, Global, KeysCommand, OutputArgs, PreflightArgs, RestoreArgs, Role,
-    SigningArgs, SnapshotsCommand,
+    BackupArgs, Cli, Command, ControllerArgs, EncryptionArgs, Global, KeysCommand, OutputArgs, PreflightArgs,
+    RestoreArgs, Role, SigningArgs, SnapshotsCommand,
 };
 
 /// Runs one command; the exit code for commands that have more than success and failure.
@@ -37,8 +37,12 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
         clap_complete::generate(shell, &mut Cli::command(), "restatus", &mut std::io::stdout());
         return Ok(ExitCode::SUCCESS);
     }
-    if let Command::Keys(KeysCommand::Generate { name }) = &command {
-        generate_keys(name)?;
+    if let Command::Keys(KeysCommand::Generate { name, age }) = &command {
+        if *age {
+            generate_age_keys(name)?
+        } else {
+            generate_keys(name)?
+        }
         return Ok(ExitCode::SUCCESS);
     }
     // Read before anything runs: a bad key file fails the start, naming the file.
@@ -47,18 +51,49 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
         let ids: Vec<&str> = trusted.ids().map(|k| k.as_str()).collect();
         info!(keys = %ids.join(","), "only snapshots signed by these keys are used");
     }
-    let store = SnapshotStore::open(&global.storage, &global.cluster_id)?.with_max_payload(global.max_snapshot_size);
+    let decryption = DecryptionKeys::load(&global.decryption_keys)?.map(Arc::new);
+    if let Some(keys) = &decryption {
+        let files: Vec<String> = global.decryption_keys.iter().map(|p| p.display().to_string()).collect();
+        info!(files = %files.join(","), recipients = %keys.recipients().join(","), "encrypted snapshots are decrypted");
+    }
+    // A reading command never creates a local storage directory: a wrong path is an error.
+    let reads_only = match &command {
+        Command::Snapshots(_) | Command::Preflight(_) => true,
+        Command::Restore(args) => args.dry_run,
+        _ => false,
+    };
+    let open = if reads_only { SnapshotStore::open_existing_with } else { SnapshotStore::open_with };
+    let store = open(&global.storage, &global.cluster_id, &global.s3_options())?
+        .with_max_payload(global.max_snapshot_size)
+        .with_decryption_keys(decryption);
     match command {
         Command::Completion { .. } | Command::Keys(_) => unreachable!("handled above"),
         Command::Preflight(args) => return preflight(&global, &store, args, trusted.as_deref()).await,
-        Command::Backup(args) => {
+        Command::Backup { backup: args, output: out } => {
             let (client, mut options) = backup_setup(&global, &args).await?;
             options.progress = ProgressHook::new(Arc::from(progress::for_stderr(global.progress_interval)));
             let manifest =
                 backup::run(&client, &store, &options).await.context("backup failed; no snapshot was written")?;
-            println!("{}", manifest.snapshot_id);
+            let url = store.snapshot_url(&manifest.snapshot_id);
+            info!(snapshot = %manifest.snapshot_id, url = %url, "backup written to {url}");
+            let code = backup_exit_code(manifest.is_consistent());
+            // A table prints the id at once (scripts read it), a document once retention ran.
+            if out.output == OutputFormat::Table {
+                println!("{}", manifest.snapshot_id);
+            }
             let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
-            prune(&store, args.retention.policy(), keys.as_ref()).await?;
+            let (retention, failed) = match prune(&store, args.retention.policy(), keys.as_ref(), out.output).await {
+                Ok(retention) => (retention, None),
+                Err(e) => (None, Some(e)),
+            };
+            if out.output != OutputFormat::Table {
+                let report = output::BackupReport::of(&manifest, url, code, retention);
+                output::emit(out.output, &report, String::new)?;
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            return Ok(ExitCode::from(code));
         }
         Command::Schedule { cron, metrics_addr, backup: args } => {
             let schedule: Schedule = cron.parse()?;
@@ -103,6 +138,15 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Exit code of `backup` when a capture stayed inconsistent after its retries: the snapshot is
+/// written (marked inconsistent) but a CronJob must fail so that its alerts fire.
+pub const EXIT_INCONSISTENT: u8 = 3;
+
+/// `backup`'s exit code once a snapshot is written: 0 consistent, [`EXIT_INCONSISTENT`] otherwise.
+fn backup_exit_code(consistent: bool) -> u8 {
+    if consistent { 0 } else { EXIT_INCONSISTENT }
+}
+
 async fn backup_setup(g: &Global, args: &BackupArgs) -> Result<(kube::Client, BackupOptions)> {
     let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
     let options = BackupOptions {
@@ -111,6 +155,7 @@ async fn backup_setup(g: &Global, args: &BackupArgs) -> Result<(kube::Client, Ba
         zstd_level: args.zstd_level,
         capture_attempts: args.capture_attempts,
         signing_key: signing_key(&args.signing)?,
+        recipients: recipients(&args.encryption)?,
         ..BackupOptions::new(profile)
     };
     Ok((client, options))
@@ -124,26 +169,50 @@ fn signing_key(args: &SigningArgs) -> Result<Option<Arc<SigningKey>>> {
     Ok(Some(Arc::new(key)))
 }
 
+/// The `--encrypt-to` recipients, read (public keys: logged).
+fn recipients(args: &EncryptionArgs) -> Result<Option<Arc<Recipients>>> {
+    let Some(recipients) = Recipients::load(&args.encrypt_to)? else { return Ok(None) };
+    info!(recipients = %recipients.to_strings().join(","), "snapshot payloads are encrypted");
+    Ok(Some(Arc::new(recipients)))
+}
+
+/// Creates `path` with `text`, never overwriting a file.
+fn create_new(path: &Path, text: &str, mode: u32) -> Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+    let mut file = options.open(path).with_context(|| format!("create {}", path.display()))?;
+    std::io::Write::write_all(&mut file, text.as_bytes()).with_context(|| format!("write {}", path.display()))
+}
+
+/// `NAME` with `extension` appended.
+fn with_extension(name: &Path, extension: &str) -> std::path::PathBuf {
+    let mut path = name.as_os_str().to_owned();
+    path.push(extension);
+    std::path::PathBuf::from(path)
+}
+
+/// `restatus keys generate --age NAME`: NAME.agekey (0600) and NAME.recipient, neither
+/// overwritten; prints the recipient.
+fn generate_age_keys(name: &Path) -> Result<()> {
+    let (key, recipient) = DecryptionKeys::generate(jiff::Timestamp::now());
+    let (private_path, public_path) = (with_extension(name, ".agekey"), with_extension(name, ".recipient"));
+    create_new(&private_path, &key, 0o600)?;
+    create_new(&public_path, &format!("{recipient}\n"), 0o644)?;
+    eprintln!("private key: {} (for --decryption-key, where restores run)", private_path.display());
+    eprintln!("recipient:   {} (for --encrypt-to, where backups run)", public_path.display());
+    println!("recipient {recipient}");
+    Ok(())
+}
+
 /// `restatus keys generate NAME`: NAME.key (0600) and NAME.pub, neither overwritten.
 fn generate_keys(name: &Path) -> Result<()> {
     let key = SigningKey::generate();
     let public = key.public_key();
-    let with = |extension: &str| {
-        let mut path = name.as_os_str().to_owned();
-        path.push(extension);
-        std::path::PathBuf::from(path)
-    };
-    let (private_path, public_path) = (with(".key"), with(".pub"));
-    let write = |path: &Path, text: &str, mode: u32| -> Result<()> {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
-        let mut file = options.open(path).with_context(|| format!("create {}", path.display()))?;
-        std::io::Write::write_all(&mut file, text.as_bytes()).with_context(|| format!("write {}", path.display()))
-    };
-    write(&private_path, &key.to_pem()?, 0o600)?;
-    write(&public_path, &public.to_pem()?, 0o644)?;
+    let (private_path, public_path) = (with_extension(name, ".key"), with_extension(name, ".pub"));
+    create_new(&private_path, &key.to_pem()?, 0o600)?;
+    create_new(&public_path, &public.to_pem()?, 0o644)?;
     eprintln!("private key: {} (for --signing-key, where backups run)", private_path.display());
     eprintln!("public key:  {} (for --trusted-key, where restores run)", public_path.display());
     println!("key id {}  {}", public.id(), public.to_short());
@@ -176,11 +245,7 @@ async fn preflight(
             .await
             .context("snapshot when ready failed")?;
     }
-    match args.output.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string(&report)?),
-        OutputFormat::Yaml => print!("{}", output::yaml(&report)?),
-        OutputFormat::Table => print!("{}", output::preflight_text(&report)),
-    }
+    output::emit(args.output.output, &report, || output::preflight_text(&report))?;
     Ok(if report.ready { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
@@ -228,6 +293,7 @@ async fn controller(
             let backup = BackupOptions {
                 selector: g.selector.clone(),
                 signing_key: signing_key(&args.signing)?,
+                recipients: recipients(&args.encryption)?,
                 ..BackupOptions::new(profile.clone())
             };
             let handshake =
@@ -324,23 +390,24 @@ fn run_keys(trusted: Option<&TrustedKeys>, signing: Option<&SigningKey>) -> Opti
     }
 }
 
-async fn prune(store: &SnapshotStore, policy: RetentionPolicy, trusted: Option<&TrustedKeys>) -> Result<()> {
-    if policy.is_set() {
-        let plan = store::retention::apply(store, policy, trusted)
-            .await
-            .context("retention failed (the new snapshot is written)")?;
-        print_retention(&plan, "deleted");
+/// Retention after a backup, when a policy is set: what it did, also on stderr for a table.
+async fn prune(
+    store: &SnapshotStore,
+    policy: RetentionPolicy,
+    trusted: Option<&TrustedKeys>,
+    format: OutputFormat,
+) -> Result<Option<output::RetentionReport>> {
+    if !policy.is_set() {
+        return Ok(None);
     }
-    Ok(())
-}
-
-fn print_retention(plan: &store::retention::RetentionPlan, deleted: &str) {
-    for d in &plan.deletions {
-        eprintln!("{deleted} {} ({})", d.id, d.reason);
+    let plan = store::retention::apply(store, policy, trusted)
+        .await
+        .context("retention failed (the new snapshot is written)")?;
+    let report = output::RetentionReport::of(&plan, false);
+    if format == OutputFormat::Table {
+        eprint!("{}", report.text());
     }
-    for k in &plan.kept {
-        eprintln!("kept {} ({})", k.id, k.reason);
-    }
+    Ok(Some(report))
 }
 
 async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand, trusted: Option<&TrustedKeys>) -> Result<()> {
@@ -373,11 +440,7 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand, trusted: Op
         }
         SnapshotsCommand::Show { id, output: out, .. } => {
             let (manifest, _) = store.verified_manifest(&store::resolve(store, &id).await?, trusted).await?;
-            match out.output {
-                OutputFormat::Json => println!("{}", String::from_utf8_lossy(&manifest.to_json())),
-                OutputFormat::Yaml => print!("{}", output::yaml(&manifest)?),
-                OutputFormat::Table => print!("{}", output::manifest_text(&manifest)),
-            }
+            output::emit(out.output, &manifest, || output::manifest_text(&manifest))?;
         }
         SnapshotsCommand::Diff { a, b, output: out } => {
             let (a, b) = (store::resolve(store, &a).await?, store::resolve(store, &b).await?);
@@ -394,17 +457,25 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand, trusted: Op
             output::emit(out.output, &diff, || output::diff_table(&diff))?;
         }
         SnapshotsCommand::Verify { id, output: out } => return verify(store, &id, out, trusted).await,
-        SnapshotsCommand::Prune { retention, dry_run } => {
+        SnapshotsCommand::Prune { retention, dry_run, output: out } => {
             if !retention.policy().is_set() {
                 bail!("prune needs --keep-last and/or --max-age");
             }
-            match dry_run {
-                true => {
-                    let plan = store::retention::plan_for(store, retention.policy(), trusted).await?;
-                    print_retention(&plan, "would delete")
-                }
-                false => prune(store, retention.policy(), trusted).await?,
+            let plan = match dry_run {
+                true => store::retention::plan_for(store, retention.policy(), trusted).await?,
+                false => store::retention::apply(store, retention.policy(), trusted).await?,
+            };
+            let report = output::RetentionReport::of(&plan, dry_run);
+            match out.output {
+                // As before: the lines on stderr, stdout left empty.
+                OutputFormat::Table => eprint!("{}", report.text()),
+                format => output::emit(format, &report, String::new)?,
             }
+        }
+        SnapshotsCommand::Delete { id, force, output: out } => {
+            let deleted = store::retention::delete_one(store, &id, trusted, force).await?;
+            let report = output::DeleteReport::of(&deleted, store.snapshot_url(&id), force);
+            output::emit(out.output, &report, || report.text())?;
         }
     }
     Ok(())
@@ -427,11 +498,7 @@ async fn verify(store: &SnapshotStore, id: &str, out: OutputArgs, trusted: Optio
     };
     let result_json =
         serde_json::json!({"snapshot": id.to_string(), "ok": ok, "detail": detail, "verifiedSigner": signer});
-    match out.output {
-        OutputFormat::Json => println!("{result_json}"),
-        OutputFormat::Yaml => print!("{}", output::yaml(&result_json)?),
-        OutputFormat::Table => println!("{id}: {} ({detail})", if ok { "OK" } else { "FAILED" }),
-    }
+    output::emit(out.output, &result_json, || format!("{id}: {} ({detail})\n", if ok { "OK" } else { "FAILED" }))?;
     result.map(|_| ()).map_err(Into::into)
 }
 
@@ -451,4 +518,17 @@ pub async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     ctrl_c.await.unwrap_or(());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An inconsistent snapshot exits 3, distinct from 0 (complete) and 1/2 (failed, could not check).
+    #[test]
+    fn an_inconsistent_backup_exits_with_its_own_code() {
+        assert_eq!(backup_exit_code(true), 0);
+        assert_eq!(backup_exit_code(false), EXIT_INCONSISTENT);
+        assert!(![0, 1, 2].contains(&EXIT_INCONSISTENT));
+    }
 }

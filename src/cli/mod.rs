@@ -3,6 +3,7 @@
 
 pub mod commands;
 pub mod output;
+pub mod plugin;
 pub mod progress;
 
 use std::path::PathBuf;
@@ -11,8 +12,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use restatus::format::SnapshotId;
 use restatus::k8s::DEFAULT_PAGE_SIZE;
-use restatus::store::DEFAULT_STORAGE;
 use restatus::store::RetentionPolicy;
+use restatus::store::{DEFAULT_STORAGE, S3Options, SSE_MODES};
 use restatus::telemetry::LogFormat;
 
 use output::OutputFormat;
@@ -24,7 +25,14 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("
 #[command(
     name = "restatus",
     version = VERSION,
-    about = "Keeps the status of Kubernetes objects safe across cluster moves and disasters"
+    about = "Keeps the status of Kubernetes objects safe across cluster moves and disasters",
+    after_help = "Exit codes: 0 success; 1 failure (the error is printed once on stderr); \
+                  2 the command line was not understood (a usage error: with --log-format json \
+                  it is printed as one JSON line too), or preflight could not check; 3 backup \
+                  wrote a snapshot marked inconsistent (its capture stayed inconsistent after the \
+                  retries).\n\n\
+                  Output: `-o json` prints one pretty-printed JSON document on stdout, `-o yaml` \
+                  one YAML document; logs and errors go to stderr."
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -75,12 +83,57 @@ pub struct Global {
         global = true
     )]
     pub trusted_keys: Vec<String>,
+    /// Decrypt encrypted snapshots with these private keys (restore, controller, snapshots
+    /// show/diff/verify, preflight): files of `AGE-SECRET-KEY-1…` lines, as `restatus keys
+    /// generate --age` writes them, or directories of such files. Repeat it, or list several
+    /// separated by commas, to rotate keys. Without it an encrypted snapshot is passed over,
+    /// named.
+    #[arg(
+        long = "decryption-key",
+        value_name = "FILE",
+        env = "RESTATUS_DECRYPTION_KEY",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub decryption_keys: Vec<PathBuf>,
+    /// Server-side encryption of what restatus writes to S3: `AES256` (SSE-S3) or `aws:kms`
+    /// (SSE-KMS). Default: the bucket's own setting (or AWS_SERVER_SIDE_ENCRYPTION).
+    #[arg(long, env = "RESTATUS_S3_SSE", value_parser = SSE_MODES, global = true)]
+    pub s3_sse: Option<String>,
+    /// With `--s3-sse aws:kms`: the KMS key (id, ARN or alias); default: the account's S3 key.
+    #[arg(long, env = "RESTATUS_S3_SSE_KMS_KEY_ID", value_name = "KEY", global = true)]
+    pub s3_sse_kms_key_id: Option<String>,
+    /// With `--s3-sse aws:kms`: use (`true`) or refuse (`false`) an S3 Bucket Key.
+    #[arg(long, env = "RESTATUS_S3_SSE_BUCKET_KEY", value_name = "BOOL", global = true)]
+    pub s3_sse_bucket_key: Option<bool>,
+    /// A PEM bundle of CA certificates the S3 endpoint's certificate may chain to, trusted
+    /// besides the system's (a private CA).
+    #[arg(long, env = "RESTATUS_S3_CA_FILE", value_name = "FILE", global = true)]
+    pub s3_ca_file: Option<PathBuf>,
+}
+
+impl Global {
+    pub fn s3_options(&self) -> S3Options {
+        S3Options {
+            sse: self.s3_sse.clone(),
+            sse_kms_key_id: self.s3_sse_kms_key_id.clone(),
+            sse_bucket_key: self.s3_sse_bucket_key,
+            ca_file: self.s3_ca_file.clone(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Takes one snapshot now. Exits 0 only when its manifest is written.
-    Backup(BackupArgs),
+    /// Takes one snapshot now and prints its id (`-o json|yaml`: the snapshot written). Exits 0
+    /// when a consistent snapshot is written, 3 when the snapshot written is marked
+    /// inconsistent, 1 when none is written.
+    Backup {
+        #[command(flatten)]
+        backup: BackupArgs,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
     /// Takes snapshots on a cron schedule, in-process, until SIGTERM or Ctrl-C.
     Schedule {
         /// Five-field cron expression in UTC, with Kubernetes CronJob semantics.
@@ -101,7 +154,7 @@ pub enum Command {
     /// Tells whether the cluster can be moved now (exit 0), or not and why (exit 1); exit 2
     /// when it could not check. Run against the source cluster.
     Preflight(PreflightArgs),
-    /// Lists, shows, compares, verifies and prunes snapshots.
+    /// Lists, shows, compares, verifies, prunes and deletes snapshots.
     #[command(subcommand)]
     Snapshots(SnapshotsCommand),
     /// Makes signing keys for snapshots.
@@ -130,6 +183,18 @@ pub struct BackupArgs {
     pub retention: RetentionArgs,
     #[command(flatten)]
     pub signing: SigningArgs,
+    #[command(flatten)]
+    pub encryption: EncryptionArgs,
+}
+
+#[derive(Args, Clone)]
+pub struct EncryptionArgs {
+    /// Encrypt each snapshot's payload to this recipient (an age X25519 public key, `age1…`),
+    /// a file of them (one a line) or a directory of such files. Repeat it, or list several
+    /// separated by commas: the private key of any one decrypts. Writing needs no secret. The
+    /// manifest stays readable (see docs/FORMAT.md). Without it payloads are plain.
+    #[arg(long = "encrypt-to", value_name = "RECIPIENT_OR_FILE", env = "RESTATUS_ENCRYPT_TO", value_delimiter = ',')]
+    pub encrypt_to: Vec<String>,
 }
 
 #[derive(Args, Clone)]
@@ -145,8 +210,15 @@ pub enum KeysCommand {
     /// Writes a new Ed25519 key pair: NAME.key (private, PKCS#8 PEM, mode 0600: for
     /// --signing-key, where backups run) and NAME.pub (public, SPKI PEM: for --trusted-key,
     /// where restores run); prints the key id and the public key as `ed25519:<base64>`.
-    /// Never overwrites a file.
-    Generate { name: PathBuf },
+    /// With --age, an encryption key pair instead: NAME.agekey (private, mode 0600: for
+    /// --decryption-key, where restores run) and NAME.recipient (public: for --encrypt-to,
+    /// where backups run); prints the recipient. Never overwrites a file.
+    Generate {
+        name: PathBuf,
+        /// An age X25519 key pair for encrypted payloads, not a signing key.
+        #[arg(long)]
+        age: bool,
+    },
 }
 
 #[derive(Args)]
@@ -233,6 +305,9 @@ pub struct ControllerArgs {
     /// Source role: signs its final snapshots.
     #[command(flatten)]
     pub signing: SigningArgs,
+    /// Source role: encrypts its final snapshots.
+    #[command(flatten)]
+    pub encryption: EncryptionArgs,
 }
 
 #[derive(Args)]
@@ -314,13 +389,74 @@ pub enum SnapshotsCommand {
         /// Say what would be deleted and what is kept, and why; delete nothing.
         #[arg(long)]
         dry_run: bool,
+        #[command(flatten)]
+        output: OutputArgs,
+    },
+    /// Deletes one snapshot whole (manifest, signature, payload), named by its id (`latest` is
+    /// refused). The snapshot a restore would use (the newest complete one; the newest that
+    /// verifies, signed by a trusted key when `--trusted-key`s are given) and a folder a backup
+    /// may still be uploading are kept unless --force.
+    Delete {
+        /// The snapshot's id, as `snapshots list` shows it.
+        #[arg(value_parser = explicit_id)]
+        id: SnapshotId,
+        /// Delete it even when a restore would use it, or a backup may still be writing it.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        output: OutputArgs,
     },
 }
 
 #[derive(Args)]
 pub struct OutputArgs {
+    /// `table` for people; `json` (one pretty-printed document) or `yaml` (one document) on
+    /// stdout for programs.
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: OutputFormat,
+}
+
+/// A snapshot id typed out: `latest` is refused, so that a deletion never follows whatever
+/// snapshot happens to be the newest.
+fn explicit_id(s: &str) -> Result<SnapshotId, String> {
+    if s == "latest" {
+        return Err("name the snapshot by its id (`snapshots list` shows them); `latest` is not taken here".into());
+    }
+    s.parse().map_err(|e: restatus::Error| e.to_string())
+}
+
+/// What clap did not accept, or `--help`/`--version`: clap prints it and exits (2 for a usage
+/// error), except that a usage error with `--log-format json` (or `RESTATUS_LOG_FORMAT=json`)
+/// is one JSON log line, so that stderr stays JSON lines.
+pub fn usage_error(e: clap::Error) -> std::process::ExitCode {
+    if e.use_stderr() && json_logs_asked(std::env::args_os().skip(1), std::env::var_os("RESTATUS_LOG_FORMAT")) {
+        restatus::telemetry::init(LogFormat::Json);
+        let text = e.render().to_string();
+        let text = text.trim_end();
+        tracing::error!(error = %text.strip_prefix("error: ").unwrap_or(text), "invalid command line");
+        return std::process::ExitCode::from(2);
+    }
+    e.exit()
+}
+
+/// Whether the arguments (after the program's name), or else the environment, ask for JSON
+/// logs: the last `--log-format json` or `--log-format=json` wins, before a `--`.
+fn json_logs_asked(args: impl IntoIterator<Item = std::ffi::OsString>, env: Option<std::ffi::OsString>) -> bool {
+    let mut asked = None;
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("--") => break,
+            Some("--log-format") => asked = args.next(),
+            Some(a) => {
+                if let Some(value) = a.strip_prefix("--log-format=") {
+                    asked = Some(value.into());
+                }
+            }
+            None => {}
+        }
+    }
+    asked.or(env).is_some_and(|f| f == "json")
 }
 
 /// A size in bytes: a number, optionally followed by KiB, MiB or GiB.
@@ -392,6 +528,38 @@ mod tests {
         assert!(VERSION.contains("(commit ") && !VERSION.contains("(commit )"), "{VERSION}");
         let err = Cli::try_parse_from(["restatus", "snapshots", "show", "latest", "--filter", "x"]).err();
         assert!(err.is_some(), "--filter without --objects is refused");
+    }
+
+    #[test]
+    fn json_logs_are_asked_by_the_last_flag_or_else_the_environment() {
+        let asked =
+            |args: &[&str], env: Option<&str>| json_logs_asked(args.iter().map(Into::into), env.map(Into::into));
+        assert!(asked(&["--log-format", "json", "bogus"], None));
+        assert!(asked(&["snapshots", "--log-format=json", "list", "--bogus"], None));
+        assert!(asked(&["--bogus"], Some("json")));
+        assert!(!asked(&["--log-format", "plain"], Some("json")), "the flag wins");
+        assert!(!asked(&["--log-format=json", "--log-format", "plain"], None), "the last one wins");
+        assert!(!asked(&["--", "--log-format", "json"], None));
+        assert!(!asked(&["--log-format"], None) && !asked(&[], Some("plain")) && !asked(&[], None));
+    }
+
+    #[test]
+    fn delete_takes_an_explicit_id_never_latest() {
+        let err = Cli::try_parse_from(["restatus", "snapshots", "delete", "latest"]).err().expect("refused");
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("`latest` is not taken here"), "{err}");
+        let err = Cli::try_parse_from(["restatus", "snapshots", "delete", "yesterday"]).err().expect("refused");
+        assert!(err.to_string().contains("invalid snapshot id"), "{err}");
+        let cli = Cli::try_parse_from([
+            "restatus",
+            "snapshots",
+            "delete",
+            "20261130T090000.000Z-00ab12",
+            "--force",
+            "-o",
+            "json",
+        ]);
+        assert!(cli.is_ok(), "an id parses");
     }
 
     #[test]

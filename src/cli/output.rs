@@ -155,6 +155,9 @@ pub struct SnapshotRow {
     /// without: `not checked`. Absent for an incomplete or unreadable snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
+    /// The recipients an encrypted snapshot's payload is encrypted to (absent: plain).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encrypted_to: Option<Vec<String>>,
 }
 
 /// Reads each listed snapshot's manifest (small) to describe it. A manifest that cannot be
@@ -182,6 +185,7 @@ pub async fn snapshot_rows(
             ahead_of_clock: entry.id.timestamp().is_some_and(|t| is_ahead_of(t, Timestamp::now())),
             signed_by: None,
             signature: None,
+            encrypted_to: None,
         };
         if entry.complete {
             match store.manifest(&entry.id).await {
@@ -215,17 +219,153 @@ fn fill(row: &mut SnapshotRow, m: &Manifest) {
     row.records = Some(m.payload.records);
     row.payload_bytes = Some(m.payload.size);
     row.uncompressed_bytes = Some(m.payload.uncompressed_size);
-    row.conflicts = m.conflicts.len();
-    row.skipped = m.skipped.len();
+    row.conflicts = m.conflict_count();
+    row.skipped = m.skipped_count();
     row.signed_by = m.signed_by.as_ref().map(|k| k.to_string());
-    row.consistency = Some(match &m.consistency {
-        None => "unchecked".into(),
-        Some(c) if c.consistent => "consistent".into(),
+    row.encrypted_to = m.encryption.as_ref().map(|e| e.recipients.clone());
+    let (consistency, inconsistencies) = consistency(m);
+    row.consistency = Some(consistency);
+    row.inconsistencies = inconsistencies;
+}
+
+/// `consistent`, `inconsistent` (with the first few reasons) or `unchecked` (format 1.0).
+fn consistency(m: &Manifest) -> (String, Vec<String>) {
+    match &m.consistency {
+        None => ("unchecked".into(), vec![]),
+        Some(c) if c.consistent => ("consistent".into(), vec![]),
         Some(c) => {
-            row.inconsistencies = c.reasons.iter().take(5).map(|r| format!("{}: {}", r.object, r.reason)).collect();
-            "inconsistent".into()
+            let reasons = c.reasons.iter().take(5).map(|r| format!("{}: {}", r.object, r.reason)).collect();
+            ("inconsistent".into(), reasons)
         }
-    });
+    }
+}
+
+/// `backup -o json|yaml`: the snapshot written.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupReport {
+    pub snapshot: String,
+    /// Where it lives: `<storage>/<cluster id>/<snapshot id>/`.
+    pub url: String,
+    pub cluster_id: String,
+    pub created_at: String,
+    pub records: u64,
+    pub payload_bytes: u64,
+    /// Records per kind.
+    pub kinds: std::collections::BTreeMap<String, u64>,
+    pub skipped: usize,
+    pub conflicts: usize,
+    /// `consistent`, or `inconsistent` (restore skips it unless `--allow-inconsistent`).
+    pub consistency: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub inconsistencies: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
+    /// The recipients its payload is encrypted to (`--encrypt-to`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encrypted_to: Option<Vec<String>>,
+    /// The command's exit code: 0, or 3 when the snapshot is marked inconsistent.
+    pub exit_code: u8,
+    /// With `--keep-last`/`--max-age`: what retention deleted after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention: Option<RetentionReport>,
+}
+
+impl BackupReport {
+    pub fn of(m: &Manifest, url: String, exit_code: u8, retention: Option<RetentionReport>) -> Self {
+        let (consistency, inconsistencies) = consistency(m);
+        BackupReport {
+            snapshot: m.snapshot_id.to_string(),
+            url,
+            cluster_id: m.cluster_id.clone(),
+            created_at: m.created_at.to_string(),
+            records: m.payload.records,
+            payload_bytes: m.payload.size,
+            kinds: m.kinds.iter().map(|k| (k.kind.clone(), k.records)).collect(),
+            skipped: m.skipped_count(),
+            conflicts: m.conflict_count(),
+            consistency,
+            inconsistencies,
+            signed_by: m.signed_by.as_ref().map(ToString::to_string),
+            encrypted_to: m.encryption.as_ref().map(|e| e.recipients.clone()),
+            exit_code,
+            retention,
+        }
+    }
+}
+
+/// What retention deleted (or with `dryRun` would delete), and what it kept against the policy.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionReport {
+    pub dry_run: bool,
+    pub deletions: Vec<RetentionRow>,
+    pub kept: Vec<RetentionRow>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RetentionRow {
+    pub id: String,
+    pub reason: String,
+}
+
+impl RetentionReport {
+    pub fn of(plan: &restatus::store::retention::RetentionPlan, dry_run: bool) -> Self {
+        let rows = |list: &[restatus::store::Deletion]| {
+            list.iter().map(|d| RetentionRow { id: d.id.to_string(), reason: d.reason.clone() }).collect()
+        };
+        RetentionReport { dry_run, deletions: rows(&plan.deletions), kept: rows(&plan.kept) }
+    }
+
+    /// One line per snapshot: `deleted ID (reason)` (`would delete` in a dry run), `kept ID (reason)`.
+    pub fn text(&self) -> String {
+        let deleted = if self.dry_run { "would delete" } else { "deleted" };
+        let mut out = String::new();
+        for d in &self.deletions {
+            out += &format!("{deleted} {} ({})\n", d.id, d.reason);
+        }
+        for k in &self.kept {
+            out += &format!("kept {} ({})\n", k.id, k.reason);
+        }
+        out
+    }
+}
+
+/// `snapshots delete`: the snapshot and the objects removed.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteReport {
+    pub snapshot: String,
+    pub url: String,
+    /// It had a manifest (a folder without one is what a backup left that never finished).
+    pub complete: bool,
+    /// `--force` was given.
+    pub forced: bool,
+    pub files: Vec<FileRow>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FileRow {
+    pub name: String,
+    pub bytes: u64,
+}
+
+impl DeleteReport {
+    pub fn of(deleted: &restatus::store::retention::Deleted, url: String, forced: bool) -> Self {
+        DeleteReport {
+            snapshot: deleted.id.to_string(),
+            url,
+            complete: deleted.complete,
+            forced,
+            files: deleted.files.iter().map(|(name, bytes)| FileRow { name: name.clone(), bytes: *bytes }).collect(),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        let files: Vec<String> = self.files.iter().map(|f| format!("{} ({})", f.name, human_bytes(f.bytes))).collect();
+        let what = if self.complete { "snapshot" } else { "incomplete snapshot" };
+        format!("deleted {what} {} ({}): {}\n", self.snapshot, self.url, files.join(", "))
+    }
 }
 
 pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
@@ -247,6 +387,11 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
                     (None, Some(check)) => format!("unsigned ({check})"),
                     (Some(key), Some(check)) => format!("{key} ({check})"),
                 },
+                match &r.encrypted_to {
+                    None if r.state == "complete" => "no".into(),
+                    None => String::new(),
+                    Some(recipients) => recipients.iter().map(|k| short_recipient(k)).collect::<Vec<_>>().join(","),
+                },
                 match (&r.error, r.ahead_of_clock) {
                     (Some(e), _) => e.clone(),
                     (None, true) => "dated ahead of this clock (writer's clock skewed)".into(),
@@ -256,9 +401,29 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
         })
         .collect();
     table(
-        &["ID", "STATE", "CREATED", "CONSISTENCY", "RECORDS", "SIZE", "CONFLICTS", "SKIPPED", "SIGNED BY", "NOTE"],
+        &[
+            "ID",
+            "STATE",
+            "CREATED",
+            "CONSISTENCY",
+            "RECORDS",
+            "SIZE",
+            "CONFLICTS",
+            "SKIPPED",
+            "SIGNED BY",
+            "ENCRYPTED TO",
+            "NOTE",
+        ],
         body,
     )
+}
+
+/// A recipient shortened for a table: `age1` and the next 8 characters.
+fn short_recipient(recipient: &str) -> String {
+    match recipient.get(..12) {
+        Some(head) if recipient.len() > 12 => format!("{head}…"),
+        _ => recipient.to_string(),
+    }
 }
 
 /// `snapshots show` as text: the manifest's summary, per-kind counts, conflicts and skips.
@@ -273,6 +438,14 @@ pub fn manifest_text(m: &Manifest) -> String {
     out += &format!("Created:      {}\n", m.created_at);
     out += &format!("Completed:    {}\n", m.completed_at);
     out += &format!("Signed by:    {}\n", m.signed_by.as_ref().map_or("unsigned".to_string(), |k| format!("key {k}")));
+    out += &format!(
+        "Encrypted to: {}\n",
+        m.encryption.as_ref().map_or("not encrypted".to_string(), |e| format!(
+            "{} ({})",
+            e.recipients_text(),
+            e.scheme
+        ))
+    );
     out += &format!(
         "Payload:      {} ({} records, {} uncompressed, ratio {ratio:.3}, sha256 {})\n\n",
         human_bytes(m.payload.size),
@@ -305,6 +478,12 @@ pub fn manifest_text(m: &Manifest) -> String {
             let objects: Vec<String> = c.objects.iter().map(ToString::to_string).collect();
             out += &format!("  {} {}: {}\n", c.kind, c.key, objects.join(", "));
         }
+    }
+    if let Some(e) = m.encryption.as_ref().filter(|e| e.withheld != Default::default()) {
+        out += &format!(
+            "\nWithheld from this encrypted manifest: {} skipped, {} key conflicts, {} inconsistency reasons\n",
+            e.withheld.skipped, e.withheld.conflicts, e.withheld.reasons
+        );
     }
     if !m.skipped.is_empty() {
         out += "\nSkipped:\n";

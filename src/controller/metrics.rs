@@ -32,7 +32,7 @@ pub struct Metrics {
     pub retrying: Gauge,
     /// 1 while a kind of the profile cannot be watched (not served, forbidden).
     pub kind_unavailable: Family<KindLabel, Gauge>,
-    /// The newest snapshot in the bucket, refreshed by every replica (see [`export_newest`]).
+    /// The newest snapshot in the bucket, refreshed by every replica (see `context::export_newest`).
     pub newest: NewestSnapshotMetrics,
 }
 
@@ -44,6 +44,7 @@ pub struct KindLabel {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("restatus");
+        crate::metrics::register_build_info(&mut registry);
         let decisions = Family::<VerdictLabel, Counter>::default();
         registry.register("decisions", "Objects decided by the restore controller, by verdict", decisions.clone());
         let errors = Counter::default();
@@ -100,18 +101,5 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         render(&self.registry)
-    }
-}
-
-/// Every `period`, refreshes [`Metrics::newest`] from the bucket; runs until aborted. Each
-/// replica runs it, leading or not, so the bucket's view is there on any of them.
-pub async fn export_newest(ctx: std::sync::Arc<crate::controller::Context>, period: std::time::Duration) {
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if let Err(e) = ctx.metrics.newest.refresh(&ctx.store).await {
-            tracing::warn!(error = %e, "cannot read the newest snapshot for the metrics");
-        }
     }
 }

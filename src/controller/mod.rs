@@ -10,188 +10,87 @@
 //! ServerClaim that appears makes the BMCs, Servers and claims restatus still keeps ignored
 //! dirty: one may be waiting for it; a Server whose status changes makes the claims it keeps
 //! ignored dirty: one may be waiting for it to be Reserved for it.
+//!
+//! The watches queue their changes in a bounded channel (a full one makes them stop reading),
+//! and dirty objects are reconciled in chunks, those that changed before those only woken and
+//! the most recent first, so that an object arriving during a mass arrival waits for one chunk,
+//! not for the backlog.
+//!
+//! Rooms: [`context`] (shared state, snapshot refresh, readiness), [`watch`] (one watch per
+//! kind into the main loop), [`reconcile`] (plan and apply one object), and here the main loop
+//! and the leader election around it.
 
+mod context;
 pub mod http;
 pub mod index;
 pub mod metrics;
+mod reconcile;
 pub mod retry;
+mod watch;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures::{StreamExt, TryStreamExt, future, stream};
-use tokio::sync::{RwLock, mpsc};
-use tracing::{debug, info, warn};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
 
-use crate::domain::identity::{KindProfile, Profile};
-use crate::domain::live::LiveObject;
-use crate::domain::pairing::{METAL_GROUP, ServerIdentity, servers_of_bmc};
-use crate::format::Records;
-use crate::k8s::Writer;
+use crate::domain::identity::KindProfile;
 use crate::k8s::leader::{Fence, Leadership, LeaseTiming};
-use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 use crate::moving::handshake::Handshake;
-use crate::restore::Applier;
-use crate::restore::plan::{self, PlanInput, Verdict};
-use crate::store::{Accept, Loaded, SnapshotStore, choose_newer, choose_snapshot};
 use crate::{Error, Result};
-use index::{LiveIndex, SnapshotIndex, Uid};
-use metrics::Metrics;
+use context::refresh_snapshot;
+pub use context::{Context, ControllerOptions};
+use index::{LiveIndex, Uid};
+use reconcile::Next;
 use retry::{FIRST_RETRY, Retries};
-
-#[derive(Debug, Clone)]
-pub struct ControllerOptions {
-    pub profile: Profile,
-    pub selector: Option<String>,
-    pub force: bool,
-    pub allow_inconsistent: bool,
-    /// Also use snapshots captured from the cluster the controller writes to.
-    pub allow_same_cluster: bool,
-    /// Use only snapshots signed by one of these keys.
-    pub trusted_keys: Option<Arc<crate::format::TrustedKeys>>,
-    pub concurrency: usize,
-    /// How often to look for a newer snapshot.
-    pub snapshot_refresh: Duration,
-    /// How long one refresh (listing, manifests, a payload's download) may take: a store that
-    /// stops answering fails the refresh, and the snapshot in use is kept.
-    pub snapshot_timeout: Duration,
-    /// How long to gather events into one batch.
-    pub batch_window: Duration,
-}
-
-/// Shared state: what the reconciler, the HTTP endpoints and the main loop see.
-pub struct Context {
-    pub client: kube::Client,
-    pub store: SnapshotStore,
-    pub options: ControllerOptions,
-    pub metrics: Metrics,
-    snapshot: RwLock<Option<Arc<SnapshotIndex>>>,
-    /// Made on the first write (by then the profile's kinds are served, so discovery finds
-    /// their status subresources), then kept: one event recorder for the controller's life.
-    writer: tokio::sync::OnceCell<Writer>,
-    /// Which snapshots to use; the cluster's own identity is read before the first choice.
-    accept: tokio::sync::OnceCell<Accept>,
-    /// Every kind listed (or unavailable) and a snapshot loaded.
-    synced: AtomicBool,
-    /// This instance holds the lease.
-    leading: AtomicBool,
-    /// Kinds that cannot be watched now, with why.
-    unavailable: std::sync::Mutex<BTreeMap<String, String>>,
-}
-
-impl Context {
-    /// Which snapshots this controller uses: consistent ones (unless allowed otherwise), not
-    /// captured from its own cluster (unless allowed).
-    async fn accept(&self) -> &Accept {
-        self.accept
-            .get_or_init(|| async {
-                Accept {
-                    inconsistent: self.options.allow_inconsistent,
-                    this_cluster: crate::k8s::cluster_uid(&self.client).await,
-                    same_cluster: self.options.allow_same_cluster,
-                    trusted: self.options.trusted_keys.clone(),
-                }
-            })
-            .await
-    }
-
-    pub fn new(client: kube::Client, store: SnapshotStore, options: ControllerOptions) -> Arc<Self> {
-        Arc::new(Context {
-            client,
-            store,
-            options,
-            metrics: Metrics::default(),
-            snapshot: RwLock::new(None),
-            writer: tokio::sync::OnceCell::new(),
-            accept: tokio::sync::OnceCell::new(),
-            synced: AtomicBool::new(false),
-            leading: AtomicBool::new(false),
-            unavailable: Default::default(),
-        })
-    }
-
-    /// A standby is ready (it serves and waits for the lease; leadership is a metric); the
-    /// leader once a snapshot is loaded and every kind is listed or known to be unavailable.
-    pub fn is_ready(&self) -> bool {
-        !self.leading.load(Ordering::Relaxed) || self.synced.load(Ordering::Relaxed)
-    }
-
-    /// For roles that need no snapshot to start (the source-side handshake).
-    pub fn mark_ready(&self) {
-        self.synced.store(true, Ordering::Relaxed);
-    }
-
-    /// The kinds that cannot be watched now, with why.
-    pub fn unavailable_kinds(&self) -> BTreeMap<String, String> {
-        self.unavailable.lock().map(|u| u.clone()).unwrap_or_default()
-    }
-
-    fn is_unavailable(&self, kind: &str) -> bool {
-        self.unavailable.lock().is_ok_and(|u| u.contains_key(kind))
-    }
-
-    fn kind_unavailable(&self, kind: &str, reason: &str) {
-        let Ok(mut unavailable) = self.unavailable.lock() else { return };
-        if unavailable.get(kind).map(String::as_str) != Some(reason) {
-            warn!(kind, reason, "kind cannot be watched; skipped until it can (watch backs off)");
-            unavailable.insert(kind.to_string(), reason.to_string());
-            self.metrics.unavailable(kind, true);
-        }
-    }
-
-    fn kind_available(&self, kind: &str) {
-        let Ok(mut unavailable) = self.unavailable.lock() else { return };
-        if unavailable.remove(kind).is_some() {
-            info!(kind, "kind can be watched again");
-            self.metrics.unavailable(kind, false);
-        }
-    }
-}
-
-enum Change {
-    Upsert(Box<LiveObject>),
-    Delete(String),
-    /// A kind was listed (again): these are all its objects now.
-    Listed {
-        kind: String,
-        uids: HashSet<String>,
-    },
-    /// A kind cannot be watched (not served, forbidden): why.
-    Unavailable {
-        kind: String,
-        reason: String,
-    },
-}
+use watch::{Change, watch_kind};
 
 /// The main loop's state.
 struct Loop {
     kinds: Vec<KindProfile>,
     live: LiveIndex,
-    /// Objects to reconcile, with when they were first seen dirty.
-    dirty: HashMap<Uid, Instant>,
+    /// Objects to reconcile, with when and why they became dirty.
+    dirty: HashMap<Uid, Pending>,
     retries: Retries,
     /// Kinds listed at least once.
     listed: HashSet<String>,
+    /// A Server or ServerClaim arrived since the last batch: any held object may wait for it.
+    partner_arrived: bool,
+    /// A Server's status changed since the last batch: a held claim may wait for it to be
+    /// Reserved for it.
+    server_changed: bool,
 }
 
 impl Loop {
+    fn new(kinds: Vec<KindProfile>) -> Self {
+        Loop {
+            kinds,
+            live: LiveIndex::default(),
+            dirty: HashMap::new(),
+            retries: Retries::default(),
+            listed: HashSet::new(),
+            partner_arrived: false,
+            server_changed: false,
+        }
+    }
+
     fn apply(&mut self, ctx: &Context, change: Change) {
         match change {
             Change::Upsert(object) => {
                 // An object restatus keeps ignored may be waiting for this one: for it to
-                // appear, or (a claim) for its Server to become Reserved for it.
+                // appear, or (a claim) for its Server to become Reserved for it. Those are
+                // looked for once per batch (`wake_waiting`), not per event.
                 let partner = matches!(object.kind.as_str(), "Server" | "ServerClaim");
-                let now = Instant::now();
                 if partner && !self.live.contains(&object.uid) {
-                    self.dirty.extend(self.live.held().map(|uid| (uid.clone(), now)));
+                    self.partner_arrived = true;
                 } else if object.kind == "Server" && self.live.status_changed(&object) {
-                    self.dirty.extend(self.live.held_claims().map(|uid| (uid.clone(), now)));
+                    self.server_changed = true;
                 }
                 let uid = self.live.upsert(*object);
-                self.dirty.entry(uid).or_insert_with(Instant::now);
+                self.changed(uid);
             }
             Change::Delete(uid) => self.forget(&uid),
             Change::Listed { kind, uids } => {
@@ -207,6 +106,35 @@ impl Loop {
         }
     }
 
+    /// Marks dirty the held objects that may be waiting for what arrived or changed in this
+    /// batch. Once per batch: a scan of the index for every arriving object made a mass
+    /// arrival quadratic in the fleet.
+    fn wake_waiting(&mut self) {
+        if std::mem::take(&mut self.partner_arrived) {
+            self.server_changed = false;
+            let held: Vec<Uid> = self.live.held().cloned().collect();
+            self.wake(held);
+        } else if std::mem::take(&mut self.server_changed) {
+            let held: Vec<Uid> = self.live.held_claims().cloned().collect();
+            self.wake(held);
+        }
+    }
+
+    /// Marks an object dirty because it changed (or appeared): reconciled before those woken.
+    fn changed(&mut self, uid: Uid) {
+        let pending = self.dirty.entry(uid).or_insert_with(|| Pending { seen: Instant::now(), changed: true });
+        pending.changed = true;
+    }
+
+    /// Marks objects dirty that did not change themselves (a retry, a new snapshot, a partner
+    /// that arrived): reconciled after the changed ones.
+    fn wake(&mut self, uids: impl IntoIterator<Item = Uid>) {
+        let now = Instant::now();
+        for uid in uids {
+            self.dirty.entry(uid).or_insert(Pending { seen: now, changed: false });
+        }
+    }
+
     fn forget(&mut self, uid: &str) {
         self.dirty.remove(uid);
         self.retries.settled(uid);
@@ -218,16 +146,21 @@ impl Loop {
         self.kinds.iter().all(|k| self.listed.contains(&k.kind) || ctx.is_unavailable(&k.kind))
     }
 
-    /// Reconciles the dirty objects; failures wait for a retry.
+    /// Reconciles the dirty objects, at most a chunk of them, the most recently dirtied first;
+    /// errors (counted and logged) and holds wait for a retry.
     async fn process(&mut self, ctx: &Context, stopping: &AtomicBool) {
-        let dirty = std::mem::take(&mut self.dirty);
-        for (uid, failed) in process(ctx, &self.kinds, &self.live, &self.retries, dirty, stopping).await {
-            match failed {
-                true => {
-                    let wait = self.retries.failed(&uid, Instant::now());
-                    debug!(uid = &*uid, ?wait, "restore failed; retrying after a backoff");
+        let dirty = next_chunk(&mut self.dirty, chunk_size(ctx.options.concurrency));
+        for (uid, next) in reconcile::process(ctx, &self.kinds, &self.live, &self.retries, dirty, stopping).await {
+            match next {
+                Ok(Next::Settled) => self.retries.settled(&uid),
+                Ok(Next::Retry) => {
+                    self.retries.failed(&uid, Instant::now());
                 }
-                false => self.retries.settled(&uid),
+                Err(e) => {
+                    ctx.metrics.errors.inc();
+                    let wait = self.retries.failed(&uid, Instant::now());
+                    warn!(uid = &*uid, error = %e, ?wait, "cannot restore the object yet; retried after a backoff");
+                }
             }
         }
         ctx.metrics.retrying.set(self.retries.len() as i64);
@@ -235,26 +168,59 @@ impl Loop {
     }
 }
 
+/// Changes a watch may queue for the main loop before it waits: the queue holds compact objects
+/// (a few hundred bytes each), and a full one makes the watches stop reading rather than the
+/// process grow while a batch is written (the echoes of its own writes included).
+const WATCH_QUEUE: usize = 1024;
+
+/// Objects reconciled before the loop looks at its watches, timers and shutdown again: enough
+/// to keep `concurrency` writes in flight, few enough that an object arriving in the middle of
+/// a mass arrival waits for one chunk, not for everything that arrived before it.
+fn chunk_size(concurrency: usize) -> usize {
+    concurrency.max(1) * 16
+}
+
+/// Why and since when an object is dirty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Pending {
+    /// The object itself changed or appeared (not only woken). Compared first.
+    changed: bool,
+    /// When it became dirty (kept while it stays dirty): its restore latency counts from here.
+    seen: Instant,
+}
+
+/// Removes and returns the next `n` dirty objects (all when there are no more), with the time
+/// each became dirty: objects that changed before those only woken, the most recent first. An
+/// object that just arrived is not held behind a backlog (which drains as soon as arrivals
+/// pause), and a wake-up of held objects after every batch cannot crowd out arrivals; every
+/// object is taken eventually, since a dirty object keeps its time.
+fn next_chunk(dirty: &mut HashMap<Uid, Pending>, n: usize) -> HashMap<Uid, Instant> {
+    if dirty.len() <= n {
+        return std::mem::take(dirty).into_iter().map(|(uid, p)| (uid, p.seen)).collect();
+    }
+    let mut order: Vec<(Pending, Uid)> = dirty.iter().map(|(uid, p)| (*p, uid.clone())).collect();
+    let split = order.len() - n;
+    order.select_nth_unstable_by_key(split, |(p, _)| *p);
+    order[split..].iter().filter_map(|(_, uid)| dirty.remove_entry(uid)).map(|(uid, p)| (uid, p.seen)).collect()
+}
+
 /// Runs until `shutdown` completes. Call only while leading.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     tokio::pin!(shutdown);
     let kinds: Vec<KindProfile> = ctx.options.profile.kinds.iter().filter(|k| !k.is_denied()).cloned().collect();
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::channel(WATCH_QUEUE);
     let watches: Vec<_> =
         kinds.iter().map(|kind| tokio::spawn(watch_kind(ctx.clone(), kind.clone(), tx.clone()))).collect();
     drop(tx);
-    let mut state = Loop {
-        kinds,
-        live: LiveIndex::default(),
-        dirty: HashMap::new(),
-        retries: Retries::default(),
-        listed: HashSet::new(),
-    };
+    let mut state = Loop::new(kinds);
     let mut refresh = tokio::time::interval(ctx.options.snapshot_refresh);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry = tokio::time::interval(FIRST_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
+        let more = !state.dirty.is_empty() && ctx.synced.load(Ordering::Relaxed);
+        // Not biased: a refresh that keeps failing (a stalled store, its tick always due) must
+        // not starve the watches, nor a stream of events the refresh.
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
             _ = refresh.tick() => {
@@ -265,14 +231,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                     changed = refresh_snapshot(&ctx) => changed,
                 };
                 if changed {
-                    let now = Instant::now();
-                    state.dirty.extend(state.live.uids().map(|uid| (uid.clone(), now)));
+                    let all: Vec<Uid> = state.live.uids().cloned().collect();
+                    state.wake(all);
                 }
             }
             _ = retry.tick() => {
-                let now = Instant::now();
-                let due = state.retries.due(now).into_iter().filter_map(|uid| state.live.uid(&uid));
-                state.dirty.extend(due.map(|uid| (uid, now)));
+                let due: Vec<Uid> =
+                    state.retries.due(Instant::now()).into_iter().filter_map(|uid| state.live.uid(&uid)).collect();
+                state.wake(due);
             }
             change = rx.recv() => {
                 let Some(change) = change else { break Err(Error::WatchesEnded) };
@@ -283,7 +249,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                     state.apply(&ctx, change);
                     next = tokio::time::timeout_at(deadline, rx.recv()).await.ok().flatten();
                 }
+                state.wake_waiting();
             }
+            // Dirty objects left from the last chunk: no waiting for a change before the next.
+            _ = std::future::ready(()), if more => {}
         }
         if state.synced(&ctx) && ctx.snapshot.read().await.is_some() {
             ctx.synced.store(true, Ordering::Relaxed);
@@ -310,262 +279,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         watch.abort();
     }
     result
-}
-
-/// Loads the newest good snapshot if it is not the one in use. True when it changed. The
-/// listing and the manifests are read first: the payload of the snapshot in use, or of an
-/// inconsistent one, is not downloaded again. A refresh that takes longer than
-/// `snapshot_timeout` (a store that stopped answering) is an error, counted and logged; the
-/// snapshot in use stays, and the next refresh tries again.
-async fn refresh_snapshot(ctx: &Context) -> bool {
-    let current = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
-    let chosen = newer_snapshot(ctx, current.as_ref()).await;
-    match chosen {
-        Ok(Some(loaded)) => {
-            info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "using snapshot");
-            ctx.metrics.snapshot_timestamp.set(loaded.manifest.created_at.as_millisecond() as f64 / 1000.0);
-            *ctx.snapshot.write().await = Some(Arc::new(SnapshotIndex::new(loaded.manifest, loaded.records)));
-            true
-        }
-        Ok(None) => false,
-        Err(e) => {
-            ctx.metrics.errors.inc();
-            match &current {
-                Some(current) => {
-                    warn!(error = %e, snapshot = %current, "snapshot refresh failed; keeping the snapshot in use")
-                }
-                None => warn!(error = %e, "no snapshot to restore from yet"),
-            }
-            false
-        }
-    }
-}
-
-/// The snapshot to use instead of `current` (any, when `None`), read within `snapshot_timeout`.
-async fn newer_snapshot(ctx: &Context, current: Option<&crate::format::SnapshotId>) -> Result<Option<Loaded>> {
-    let accept = ctx.accept().await;
-    let chosen = async {
-        match current {
-            Some(current) => choose_newer(&ctx.store, current, accept).await,
-            None => choose_snapshot(&ctx.store, None, accept).await.map(Some),
-        }
-    };
-    let timeout = ctx.options.snapshot_timeout;
-    tokio::time::timeout(timeout, chosen).await.unwrap_or_else(|_| {
-        Err(Error::StoreTimeout {
-            location: ctx.store.location().to_string(),
-            what: "the snapshot refresh".into(),
-            after: timeout,
-        })
-    })
-}
-
-/// Plans and applies every dirty object, kinds in profile order. Returns each object's uid
-/// and whether its restore failed.
-async fn process(
-    ctx: &Context,
-    kinds: &[KindProfile],
-    live: &LiveIndex,
-    retries: &Retries,
-    dirty: HashMap<Uid, Instant>,
-    stopping: &AtomicBool,
-) -> Vec<(Uid, bool)> {
-    let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
-    let mut results = Vec::with_capacity(dirty.len());
-    for kind in kinds {
-        let mut uids: Vec<(usize, &Uid, &Instant)> = dirty
-            .iter()
-            .filter(|(uid, _)| live.kind_of(uid) == Some(kind.kind.as_str()))
-            .map(|(uid, seen)| (live.position(uid, &snapshot), uid, seen))
-            .collect();
-        // In payload order: each frame of the payload is decompressed once.
-        uids.sort_unstable();
-        let done: Vec<(Uid, bool)> = stream::iter(uids)
-            .take_while(|_| future::ready(!stopping.load(Ordering::Relaxed)))
-            .map(|(_, uid, seen)| {
-                let snapshot = snapshot.clone();
-                async move {
-                    let failed = match live.neighbourhood(uid, &snapshot) {
-                        Some(Ok((records, objects))) => {
-                            let dirty = Dirty { uid, seen: *seen, failing: retries.contains(uid) };
-                            match bmc_servers(kind, &snapshot, live, &objects, uid) {
-                                Ok(servers) => {
-                                    reconcile(ctx, kind, &snapshot, (&records, &objects, &servers), dirty).await
-                                }
-                                Err(e) => {
-                                    ctx.metrics.errors.inc();
-                                    warn!(uid = &**uid, error = %e, "cannot read the BMC's Servers from the snapshot; retried after a backoff");
-                                    true
-                                }
-                            }
-                        }
-                        Some(Err(e)) => {
-                            ctx.metrics.errors.inc();
-                            warn!(uid = &**uid, error = %e, "cannot read the object's records; retried after a backoff");
-                            true
-                        }
-                        None => false,
-                    };
-                    (uid.clone(), failed)
-                }
-            })
-            .buffer_unordered(ctx.options.concurrency.max(1))
-            .collect()
-            .await;
-        results.extend(done);
-    }
-    results
-}
-
-/// For a BMC restatus holds: the live Servers that share an identity key (systemUUID) with a
-/// Server the snapshot holds for it, from the live index, so that its wait finds them by
-/// identity whatever their names (see `restore::apply`). Nothing for other objects.
-fn bmc_servers(
-    kind: &KindProfile,
-    snapshot: &SnapshotIndex,
-    live: &LiveIndex,
-    objects: &[LiveObject],
-    uid: &str,
-) -> Result<Vec<ServerIdentity>> {
-    let Some(bmc) = objects.iter().find(|o| o.uid == uid) else { return Ok(vec![]) };
-    if kind.kind != "BMC" || kind.group != METAL_GROUP || !bmc.quiesced_by_restatus() {
-        return Ok(vec![]);
-    }
-    let recorded = servers_of_bmc(&bmc.name, snapshot.system_servers.get(&snapshot.records)?);
-    let servers = live.carrying("Server", recorded.iter().flat_map(|r| &r.keys));
-    Ok(servers.into_iter().map(|s| ServerIdentity { name: s.name, keys: s.keys }).collect())
-}
-
-/// A dirty object: its uid, when its change was seen, and whether its last restore failed.
-struct Dirty<'a> {
-    uid: &'a str,
-    seen: Instant,
-    failing: bool,
-}
-
-/// One object: the plan's verdict for it, applied if it writes (with its records, the live
-/// objects around it and, for a BMC, its Servers on the target). True when the write failed.
-async fn reconcile(
-    ctx: &Context,
-    kind: &KindProfile,
-    snapshot: &SnapshotIndex,
-    (records, objects, servers): (&Records, &[LiveObject], &[ServerIdentity]),
-    Dirty { uid, seen, failing }: Dirty<'_>,
-) -> bool {
-    let manifest = &snapshot.manifest;
-    let input = PlanInput {
-        profile: &ctx.options.profile,
-        snapshot: &manifest.snapshot_id,
-        snapshot_time: manifest.comparable_time(jiff::Timestamp::now()),
-        records,
-        live: objects,
-        force: ctx.options.force,
-        explain: false,
-    };
-    let plan = match plan::plan(&input) {
-        Ok(plan) => plan,
-        Err(e) => {
-            ctx.metrics.errors.inc();
-            warn!(uid, error = %e, "cannot plan the object; retried after a backoff");
-            return true;
-        }
-    };
-    let mine = |i: &&plan::PlanItem| i.live.is_some_and(|l| objects[l].uid == uid);
-    let Some(item) = plan.items.iter().find(mine) else { return false };
-    ctx.metrics.decided(item.verdict);
-    if failing && item.verdict == Verdict::NotInSnapshot && item.release {
-        // Its restore failed; a newer snapshot without its record does not make it safe to
-        // hand over bare. It stays quiesced (and retried) until a snapshot restores it or a
-        // person removes the ignore.
-        info!(uid, "keeping restatus's ignore: its restore failed and this snapshot has no record for it");
-        return true;
-    }
-    if !item.writes() {
-        return false;
-    }
-    let writer = match ctx.writer.get_or_try_init(|| Writer::new(&ctx.client, &ctx.options.profile)).await {
-        Ok(writer) => writer,
-        Err(e) => {
-            ctx.metrics.errors.inc();
-            warn!(error = %e, "cannot write yet; retried after a backoff");
-            return true;
-        }
-    };
-    let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
-        .with_snapshot_records(&snapshot.records, &snapshot.system_servers)
-        .with_live_servers(servers);
-    let outcome = applier.apply_item(kind, item, objects).await;
-    if let Some(error) = &outcome.error {
-        ctx.metrics.errors.inc();
-        warn!(object = %outcome.object, error, "restore failed; retried after a backoff");
-        return true;
-    }
-    if outcome.verdict == Verdict::Restore {
-        ctx.metrics.restore_latency.observe(seen.elapsed().as_secs_f64());
-        info!(object = %outcome.object, snapshot = %manifest.snapshot_id, "status restored");
-    }
-    false
-}
-
-/// Objects per page of a watch's (re-)list. A page is parsed whole into `DynamicObject`s, some
-/// 40 KiB each for a discovered Server: client-go's 500 would hold 20 MiB at once, freed only
-/// into the allocator's arenas.
-const WATCH_PAGE_SIZE: u32 = 100;
-
-/// Streams one kind's objects into the main loop: upserts and deletions, each complete
-/// (re-)list with the uids it held, and the kind's unavailability while it cannot be watched
-/// (the watcher backs off as kube-runtime's default backoff says).
-async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::UnboundedSender<Change>) {
-    let request =
-        WatchRequest { namespace: None, selector: ctx.options.selector.as_deref(), page_size: WATCH_PAGE_SIZE };
-    let mut listing: HashSet<String> = HashSet::new();
-    let mut events = watch_objects(&ctx.client, &kind, &request);
-    loop {
-        let change = match events.try_next().await {
-            Ok(Some(WatchEvent::Apply(o))) => upsert(&kind, &o),
-            Ok(Some(WatchEvent::InitApply(o))) => {
-                listing.extend(o.metadata.uid.clone());
-                upsert(&kind, &o)
-            }
-            Ok(Some(WatchEvent::Delete(o))) => o.metadata.uid.clone().map(Change::Delete),
-            Ok(Some(WatchEvent::Init)) => {
-                // A (re-)list: the kind may have come with a CRD installed or upgraded since the
-                // writer asked discovery about it; its next write asks again.
-                if let Some(writer) = ctx.writer.get() {
-                    writer.forget(&kind);
-                }
-                listing.clear();
-                None
-            }
-            Ok(Some(WatchEvent::InitDone)) => {
-                Some(Change::Listed { kind: kind.kind.clone(), uids: std::mem::take(&mut listing) })
-            }
-            Ok(None) => return,
-            Err(e) => {
-                ctx.metrics.errors.inc();
-                match unavailable_reason(&e) {
-                    Some(reason) => Some(Change::Unavailable { kind: kind.kind.clone(), reason }),
-                    // A connection lost: the watcher resumes from its resourceVersion; a
-                    // resourceVersion expired (410): it lists again.
-                    None => {
-                        warn!(kind = kind.kind, error = %e, "watch interrupted; resumed after a backoff (listed again if its resourceVersion expired)");
-                        None
-                    }
-                }
-            }
-        };
-        if let Some(change) = change
-            && tx.send(change).is_err()
-        {
-            return;
-        }
-    }
-}
-
-/// The object as the index keeps it: its status as digests, not JSON (see
-/// [`LiveObject::compact`]), already here, so that what waits in the channel is small too.
-fn upsert(kind: &KindProfile, object: &kube::api::DynamicObject) -> Option<Change> {
-    LiveObject::from_dynamic(kind, object).ok().map(|o| Change::Upsert(Box::new(o.compact())))
 }
 
 /// What this instance does while it leads.
@@ -607,7 +320,7 @@ pub async fn run_elected(
 ) -> Result<()> {
     tokio::pin!(shutdown);
     let server = tokio::spawn(http::serve(ctx.clone(), http::bind(election.http_addr).await?));
-    let newest = tokio::spawn(metrics::export_newest(ctx.clone(), ctx.options.snapshot_refresh));
+    let newest = tokio::spawn(context::export_newest(ctx.clone(), ctx.options.snapshot_refresh));
     let leadership = Leadership::join(
         &election.lease_client,
         &election.lease_namespace,
@@ -659,8 +372,15 @@ pub async fn run_elected(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::context::newer_snapshot;
+    use super::index::SnapshotIndex;
     use super::*;
+    use crate::domain::identity::Profile;
     use crate::fixtures::{self, uuid};
+    use crate::format::Records;
+    use crate::store::SnapshotStore;
 
     fn context() -> Arc<Context> {
         context_on(SnapshotStore::open("memory://", "c").unwrap(), Duration::from_secs(120))
@@ -684,13 +404,7 @@ mod tests {
     }
 
     fn state(ctx: &Context) -> Loop {
-        Loop {
-            kinds: ctx.options.profile.kinds.clone(),
-            live: LiveIndex::default(),
-            dirty: HashMap::new(),
-            retries: Retries::default(),
-            listed: HashSet::new(),
-        }
+        Loop::new(ctx.options.profile.kinds.clone())
     }
 
     #[tokio::test]
@@ -709,6 +423,52 @@ mod tests {
         uids.sort();
         assert_eq!(uids, ["y", "z"]);
         assert!(!state.dirty.contains_key("x") && state.retries.is_empty(), "x is forgotten everywhere");
+    }
+
+    fn pending(seconds_ago: u64, changed: bool) -> Pending {
+        Pending { seen: Instant::now() - Duration::from_secs(seconds_ago), changed }
+    }
+
+    fn sorted(chunk: &HashMap<Uid, Instant>) -> Vec<&str> {
+        let mut uids: Vec<&str> = chunk.keys().map(|u| &**u).collect();
+        uids.sort();
+        uids
+    }
+
+    /// Issue 22: a chunk takes what changed before what was only woken, the most recent first,
+    /// keeps the time each became dirty, and leaves the rest dirty; the last takes everything.
+    #[test]
+    fn a_chunk_takes_the_newest_changes_first_and_wakeups_last() {
+        let mut dirty: HashMap<Uid, Pending> = [
+            ("old", pending(30, true)),
+            ("new", pending(1, true)),
+            ("mid", pending(10, true)),
+            ("woken-new", pending(0, false)),
+            ("woken-old", pending(20, false)),
+        ]
+        .into_iter()
+        .map(|(uid, p)| (Uid::from(uid), p))
+        .collect();
+        let seen_new = dirty["new"].seen;
+        let first = next_chunk(&mut dirty, 2);
+        assert_eq!(sorted(&first), ["mid", "new"]);
+        assert_eq!(first[&Uid::from("new")], seen_new, "the time it became dirty is kept");
+        assert_eq!(sorted(&next_chunk(&mut dirty, 2)), ["old", "woken-new"], "the last change, then a wake-up");
+        assert_eq!(sorted(&next_chunk(&mut dirty, 2)), ["woken-old"]);
+        assert!(dirty.is_empty());
+    }
+
+    /// A change to an object already woken makes it a change (it keeps its time); a wake-up of
+    /// an object already dirty changes nothing.
+    #[test]
+    fn a_change_outranks_a_wakeup_of_the_same_object() {
+        let mut state = Loop::new(vec![]);
+        state.wake([Uid::from("a")]);
+        let seen = state.dirty["a"].seen;
+        state.changed("a".into());
+        assert_eq!(state.dirty["a"], Pending { seen, changed: true });
+        state.wake([Uid::from("a")]);
+        assert_eq!(state.dirty["a"], Pending { seen, changed: true });
     }
 
     /// Issue 21, item 4: a claim restatus holds until its Server is Reserved for it is tried
@@ -731,17 +491,29 @@ mod tests {
         };
         state.apply(&ctx, Change::Upsert(Box::new(claim)));
         state.apply(&ctx, Change::Upsert(Box::new(free)));
-        state.apply(&ctx, Change::Upsert(server(None)));
+        state.wake_waiting();
         state.dirty.clear();
         state.apply(&ctx, Change::Upsert(server(None)));
+        assert_eq!(state.dirty.len(), 1, "not before the batch ends");
+        state.wake_waiting();
+        let mut dirty: Vec<&str> = state.dirty.keys().map(|u| &**u).collect();
+        dirty.sort();
+        assert_eq!(dirty, ["c", "s"], "a Server arrived: the held claim is tried again, the free one is not");
+        state.dirty.clear();
+        state.apply(&ctx, Change::Upsert(server(None)));
+        state.wake_waiting();
         assert_eq!(state.dirty.keys().map(|u| &**u).collect::<Vec<_>>(), ["s"], "the same status: only itself");
         state.dirty.clear();
+        // Twice in one batch: the held claims are looked for once, after it.
         state.apply(&ctx, Change::Upsert(server(Some(serde_json::json!({"state": "Reserved"})))));
+        assert_eq!(state.dirty.len(), 1, "not before the batch ends");
+        state.wake_waiting();
         let mut dirty: Vec<&str> = state.dirty.keys().map(|u| &**u).collect();
         dirty.sort();
         assert_eq!(dirty, ["c", "s"], "the held claim is tried again, the free one is not");
         state.dirty.clear();
         state.apply(&ctx, Change::Upsert(server(Some(serde_json::json!({"state": "Reserved"})))));
+        state.wake_waiting();
         assert_eq!(state.dirty.len(), 1, "unchanged again");
     }
 

@@ -17,6 +17,8 @@ pub struct PayloadSummary {
     pub sha256: String,
     pub records: u64,
     pub frames: u64,
+    /// Set when the payload was encrypted (its size and sha256 are the ciphertext's).
+    pub encryption: Option<Encryption>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +96,10 @@ pub struct Manifest {
     /// in an unsigned snapshot). Readers with trusted keys check it against the signature.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signed_by: Option<super::KeyId>,
+    /// How the payload is encrypted and to whom (format 1.5; absent in a plain snapshot).
+    /// `payload.size` and `payload.sha256` are then the ciphertext's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Encryption>,
 }
 
 /// How far a snapshot's time may be ahead of the reader's clock before it counts as skewed.
@@ -190,7 +196,33 @@ impl Manifest {
             consistency: Some(capture.consistency),
             captured_from: None,
             signed_by: None,
+            encryption: None,
         }
+        .withheld_when_encrypted(payload.encryption)
+    }
+
+    /// With `encryption`, the manifest of an encrypted payload: the lists that name objects or
+    /// carry identity keys (skipped objects, key conflicts, inconsistency reasons) are left out
+    /// and counted in `encryption.withheld`, so that the plain manifest shows no inventory.
+    fn withheld_when_encrypted(mut self, encryption: Option<Encryption>) -> Manifest {
+        let Some(mut encryption) = encryption else { return self };
+        encryption.withheld = Withheld {
+            skipped: std::mem::take(&mut self.skipped).len(),
+            conflicts: std::mem::take(&mut self.conflicts).len(),
+            reasons: self.consistency.as_mut().map_or(0, |c| std::mem::take(&mut c.reasons).len()),
+        };
+        self.encryption = Some(encryption);
+        self
+    }
+
+    /// Skipped objects and kinds, those an encrypted manifest withholds included.
+    pub fn skipped_count(&self) -> usize {
+        self.skipped.len() + self.encryption.as_ref().map_or(0, |e| e.withheld.skipped)
+    }
+
+    /// Key conflicts, those an encrypted manifest withholds included.
+    pub fn conflict_count(&self) -> usize {
+        self.conflicts.len() + self.encryption.as_ref().map_or(0, |e| e.withheld.conflicts)
     }
 
     /// The capture time, when it can be compared with write times read on a clock at `now`:
@@ -306,4 +338,36 @@ pub struct KeyConflict {
     pub kind: String,
     pub key: String,
     pub objects: Vec<ObjectRef>,
+}
+
+/// The manifest's `encryption` section (format 1.5; absent in a plain snapshot).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Encryption {
+    /// `age-x25519` (see `encryption.rs`).
+    pub scheme: String,
+    /// The recipients (`age1…`): the private key of any one of them decrypts the payload.
+    pub recipients: Vec<String>,
+    /// What the manifest leaves out because it names objects or carries identity keys.
+    #[serde(default)]
+    pub withheld: Withheld,
+}
+
+/// Entries an encrypted snapshot's manifest leaves out, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Withheld {
+    /// Skipped objects and kinds (`skipped`).
+    pub skipped: usize,
+    /// Key conflicts (`conflicts`).
+    pub conflicts: usize,
+    /// Inconsistency reasons (`consistency.reasons`; `reasonCount` stays).
+    pub reasons: usize,
+}
+
+impl Encryption {
+    /// The recipients, comma-separated, for messages.
+    pub fn recipients_text(&self) -> String {
+        self.recipients.join(", ")
+    }
 }

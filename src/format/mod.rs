@@ -2,8 +2,10 @@
 //! [`Record`]s and a small JSON [`Manifest`] that is written last and makes the snapshot exist.
 //!
 //! Everything here is pure: no I/O but `std::io::Write`/`Read` on memory, the spill file and
-//! key files ([`SigningKey::load`], [`TrustedKeys::load`]).
+//! key files ([`SigningKey::load`], [`TrustedKeys::load`], [`Recipients::load`],
+//! [`DecryptionKeys::load`]).
 
+mod encryption;
 mod id;
 mod key;
 mod manifest;
@@ -14,11 +16,14 @@ mod records;
 mod signature;
 mod spill;
 
+pub use encryption::{
+    DecryptionKeys, IDENTITY_PREFIX, RECIPIENT_PREFIX, Recipients, SCHEME as ENCRYPTION_SCHEME, open_payload,
+};
 pub use id::SnapshotId;
 pub use key::{IdentityKey, KeyDigest, digest};
 pub use manifest::{
-    CLOCK_SKEW_TOLERANCE, CaptureSummary, Consistency, FormatVersion, Inconsistency, KeyConflict, KindCount, Manifest,
-    ObjectRef, PayloadInfo, PayloadSummary, Skipped, is_ahead_of,
+    CLOCK_SKEW_TOLERANCE, CaptureSummary, Consistency, Encryption, FormatVersion, Inconsistency, KeyConflict,
+    KindCount, Manifest, ObjectRef, PayloadInfo, PayloadSummary, Skipped, Withheld, is_ahead_of,
 };
 pub use names::Names;
 pub use payload::{FRAME_BYTES, PayloadEncoder, decode_records};
@@ -30,7 +35,7 @@ pub use spill::{Payload, SpillWriter, verify_payload};
 /// The major format version this build writes and reads. Readers refuse other majors.
 pub const FORMAT_MAJOR: u32 = 1;
 /// The minor version this build writes. Readers accept any minor of their major.
-pub const FORMAT_MINOR: u32 = 4;
+pub const FORMAT_MINOR: u32 = 5;
 
 /// Object names inside a snapshot's folder.
 pub const MANIFEST_FILE: &str = "manifest.json";

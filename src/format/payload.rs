@@ -34,6 +34,10 @@ pub struct PayloadEncoder {
     size: u64,
     uncompressed_size: u64,
     records: u64,
+    /// Encrypts the compressed bytes (format 1.5): size and sha256 are then the ciphertext's.
+    sealer: Option<super::encryption::Sealer>,
+    encryption: Option<super::Encryption>,
+    sealing_failed: Option<std::io::Error>,
 }
 
 fn frame_encoder(level: i32) -> std::io::Result<zstd::Encoder<'static, Vec<u8>>> {
@@ -55,7 +59,20 @@ impl PayloadEncoder {
             size: 0,
             uncompressed_size: 0,
             records: 0,
+            sealer: None,
+            encryption: None,
+            sealing_failed: None,
         })
+    }
+
+    /// An encoder whose output is encrypted to `recipients` (plain without them).
+    pub fn with_recipients(level: i32, recipients: Option<&super::Recipients>) -> std::io::Result<Self> {
+        let mut encoder = Self::new(level)?;
+        if let Some(recipients) = recipients {
+            encoder.sealer = Some(recipients.sealer()?);
+            encoder.encryption = Some(recipients.encryption());
+        }
+        Ok(encoder)
     }
 
     pub fn push(&mut self, record: &Record) -> std::io::Result<()> {
@@ -80,10 +97,21 @@ impl PayloadEncoder {
         Ok(())
     }
 
-    /// The compressed bytes produced since the last call (possibly none).
+    /// The compressed (and, with recipients, encrypted) bytes produced since the last call
+    /// (possibly none).
     pub fn take_output(&mut self) -> Vec<u8> {
         let mut out = std::mem::take(&mut self.ended);
         out.append(self.zstd.get_mut());
+        if let Some(sealer) = &mut self.sealer {
+            // Writes into memory: an error here is kept for `finish`, which fails with it.
+            out = match sealer.seal(&out) {
+                Ok(sealed) => sealed,
+                Err(e) => {
+                    self.sealing_failed.get_or_insert(e);
+                    Vec::new()
+                }
+            };
+        }
         self.account(&out);
         out
     }
@@ -94,13 +122,22 @@ impl PayloadEncoder {
         if self.frame_bytes > 0 || self.frames == 0 {
             self.end_frame()?;
         }
-        let out = self.take_output();
+        let mut out = self.take_output();
+        if let Some(e) = self.sealing_failed.take() {
+            return Err(e);
+        }
+        if let Some(sealer) = self.sealer.take() {
+            let last = sealer.finish()?;
+            self.account(&last);
+            out.extend_from_slice(&last);
+        }
         let summary = PayloadSummary {
             size: self.size,
             uncompressed_size: self.uncompressed_size,
             sha256: hex::encode(self.hasher.finalize()),
             records: self.records,
             frames: self.frames,
+            encryption: self.encryption,
         };
         Ok((out, summary))
     }
@@ -121,6 +158,11 @@ pub(crate) fn walk_frames(
     mut visit: impl FnMut(Range<u64>, Vec<u8>) -> Result<(), Error>,
 ) -> Result<(), Error> {
     payload.verify(manifest)?;
+    if let Some(encryption) = &manifest.encryption
+        && !payload.is_decrypted()
+    {
+        return Err(super::encryption::encrypted_error(manifest, encryption));
+    }
     let id = &manifest.snapshot_id;
     let declared = manifest.payload.uncompressed_size;
     let (mut total, mut at) = (0u64, 0u64);

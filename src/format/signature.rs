@@ -233,30 +233,8 @@ impl TrustedKeys {
                 keys.push(PublicKey::from_short("--trusted-key", spec)?);
                 continue;
             }
-            let path = Path::new(spec);
-            let read = |p: &Path| {
-                let text =
-                    std::fs::read_to_string(p).map_err(|e| key_error(p.display(), format!("cannot read: {e}")))?;
-                PublicKey::parse_all(&p.display().to_string(), &text)
-            };
-            if path.is_dir() {
-                let entries =
-                    std::fs::read_dir(path).map_err(|e| key_error(path.display(), format!("cannot read: {e}")))?;
-                let mut files: Vec<_> = entries
-                    .filter_map(|e| e.ok())
-                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-                    .map(|e| e.path())
-                    .filter(|p| p.is_file())
-                    .collect();
-                files.sort();
-                if files.is_empty() {
-                    return Err(key_error(path.display(), "a directory without key files".to_string()));
-                }
-                for file in files {
-                    keys.extend(read(&file)?);
-                }
-            } else {
-                keys.extend(read(path)?);
+            for (source, text) in read_key_files(Path::new(spec))? {
+                keys.extend(PublicKey::parse_all(&source, &text)?);
             }
         }
         Ok((!keys.is_empty()).then(|| TrustedKeys::new(keys)))
@@ -339,7 +317,31 @@ fn signed_message(manifest: &[u8]) -> Vec<u8> {
     [SIGNED_CONTEXT, manifest].concat()
 }
 
-fn key_error(source: impl fmt::Display, reason: String) -> Error {
+/// A key spec's files with their text: `path` itself, or the files of the directory `path`.
+pub(super) fn read_key_files(path: &Path) -> Result<Vec<(String, String)>, Error> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .map(|text| (p.display().to_string(), text))
+            .map_err(|e| key_error(p.display(), format!("cannot read: {e}")))
+    };
+    if !path.is_dir() {
+        return Ok(vec![read(path)?]);
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| key_error(path.display(), format!("cannot read: {e}")))?;
+    let mut files: Vec<_> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(key_error(path.display(), "a directory without key files".into()));
+    }
+    files.iter().map(|f| read(f)).collect()
+}
+
+pub(super) fn key_error(source: impl fmt::Display, reason: String) -> Error {
     Error::Key { source_name: source.to_string(), reason }
 }
 

@@ -19,6 +19,9 @@ use crate::Error;
 pub enum Payload {
     Memory(Bytes),
     Spilled(std::sync::Arc<Spilled>),
+    /// The plaintext of an encrypted payload (format 1.5), decrypted after its stored bytes
+    /// were verified against the manifest (see [`super::open_payload`]).
+    Decrypted(Box<Payload>),
 }
 
 /// A payload written to an unnamed temporary file (gone when the last handle closes, even if
@@ -53,6 +56,7 @@ impl Payload {
         match self {
             Payload::Memory(bytes) => bytes.len() as u64,
             Payload::Spilled(spilled) => spilled.len,
+            Payload::Decrypted(plain) => plain.len(),
         }
     }
 
@@ -60,12 +64,19 @@ impl Payload {
         self.len() == 0
     }
 
-    /// Size and sha256 against the manifest's.
+    /// Size and sha256 against the manifest's. A decrypted payload was verified before it
+    /// was decrypted: the manifest's size and sha256 are the ciphertext's.
     pub fn verify(&self, manifest: &Manifest) -> Result<(), Error> {
         match self {
             Payload::Memory(bytes) => verify_payload(manifest, bytes),
             Payload::Spilled(spilled) => check_digest(manifest, spilled.len, &spilled.sha256),
+            Payload::Decrypted(_) => Ok(()),
         }
+    }
+
+    /// Whether this is the plaintext of an encrypted payload.
+    pub fn is_decrypted(&self) -> bool {
+        matches!(self, Payload::Decrypted(_))
     }
 
     /// The bytes in `range`, or fewer where the payload ends first.
@@ -79,6 +90,7 @@ impl Payload {
                 spilled.file.read_exact_at(&mut buf, start)?;
                 Ok(Cow::Owned(buf))
             }
+            Payload::Decrypted(plain) => plain.read(range),
         }
     }
 }

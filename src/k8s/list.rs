@@ -102,15 +102,19 @@ pub async fn list_objects(
     Ok(pager.served())
 }
 
-/// Listings started again after their continue token expired, at most, per [`Pager`].
+/// Listings started again after their continue token expired, at most, per [`Pager`]; and
+/// expired tokens in a row (no page in between) a listing resumes from with the token the API
+/// server offers.
 pub const LIST_RESTARTS: usize = 3;
 
 /// The one way restatus pages through a kind. The next page is requested as soon as a page
 /// arrives, so the API server prepares it while the caller works on this one. A listing that
 /// outlives its continue token (410 Gone: the API server compacted its storage; a long
-/// listing at scale, or one slowed down by the caller's writes) starts again from the first
-/// page, at most [`LIST_RESTARTS`] times, and hands out only the objects it has not handed
-/// out yet (by uid): each object once, whatever the restarts.
+/// listing at scale, or one slowed down by the caller's writes) goes on from where it was with
+/// the continue token the 410 carries (the rest of the listing at the current revision, as
+/// client-go offers it), or, without one, starts again from the first page, at most
+/// [`LIST_RESTARTS`] times; either way it hands out only the objects it has not handed out yet
+/// (by uid): each object once, however long the listing takes.
 pub struct Pager {
     client: kube::Client,
     kind: KindProfile,
@@ -121,6 +125,8 @@ pub struct Pager {
     next: Option<tokio::task::JoinHandle<Result<Option<String>>>>,
     served: bool,
     restarts: usize,
+    /// Expired tokens since the last page that arrived.
+    expired_in_a_row: usize,
     handed: Handed,
 }
 
@@ -185,6 +191,7 @@ impl Pager {
             next: None,
             served: true,
             restarts: 0,
+            expired_in_a_row: 0,
             handed: Handed::default(),
         };
         pager.fetch(None);
@@ -207,16 +214,27 @@ impl Pager {
                     self.served = false;
                     return Ok(None);
                 }
-                Err(e) if e.is_expired_list() && self.restarts < LIST_RESTARTS => {
-                    warn!(kind = %self.kind.qualified_kind(), error = %e, handed = self.handed.len(),
-                        "listing outlived its continue token; listing again past the objects already handed out");
-                    self.restarts += 1;
+                Err(e) if e.is_expired_list() && self.expired_in_a_row < LIST_RESTARTS => {
+                    self.expired_in_a_row += 1;
                     self.handed.restart();
-                    self.fetch(None);
-                    continue;
+                    if let Some(token) = e.expired_list_continue() {
+                        warn!(kind = %self.kind.qualified_kind(), handed = self.handed.len(),
+                            "listing outlived its continue token; going on from where it was with the token the API server offered (what changed meanwhile is listed as it is now)");
+                        self.fetch(Some(token.to_string()));
+                        continue;
+                    }
+                    if self.restarts < LIST_RESTARTS {
+                        warn!(kind = %self.kind.qualified_kind(), error = %e, handed = self.handed.len(),
+                            "listing outlived its continue token; listing again past the objects already handed out");
+                        self.restarts += 1;
+                        self.fetch(None);
+                        continue;
+                    }
+                    return Err(e);
                 }
                 Err(e) => return Err(e),
             };
+            self.expired_in_a_row = 0;
             let (items, next) = {
                 let list = ListPage::parse(&self.kind, &body)?;
                 let start = body.as_ptr() as usize;
@@ -290,6 +308,7 @@ mod tests {
 
     use crate::fixtures::api::{self, answer, expired, list_with_an_expired_token, server_page};
     use http::StatusCode;
+    use serde_json::{Value, json};
 
     fn servers() -> KindProfile {
         Profile::metal_operator().kind("Server").unwrap().clone()
@@ -317,6 +336,29 @@ mod tests {
         assert_eq!(names(&mut pager).await.unwrap(), ["a", "b", "c"]);
         assert!(pager.served());
         server.await.unwrap();
+    }
+
+    /// A 410 that carries a continue token (the API server's offer to go on at its current
+    /// revision): the listing goes on with it, not from the first page, and hands out each
+    /// object once.
+    #[tokio::test]
+    async fn a_listing_goes_on_with_the_token_an_expiry_offers() {
+        let (client, mut api) = api::client();
+        let server = tokio::spawn(async move {
+            answer(&mut api, StatusCode::OK, server_page(&["a", "b"], "t1", None)).await;
+            let mut gone: Value = serde_json::from_str(&expired()).unwrap();
+            gone["metadata"] = json!({"continue": "t-now"});
+            answer(&mut api, StatusCode::GONE, gone.to_string()).await;
+            let (request, send) = api.next_request().await.expect("a request");
+            let query = request.uri().query().unwrap_or_default().to_string();
+            let page = server_page(&["b", "c"], "", None);
+            send.send_response(http::Response::builder().body(kube::client::Body::from(page.into_bytes())).unwrap());
+            query
+        });
+        let mut pager = Pager::new(&client, &servers(), &PageRequest { size: 2, ..Default::default() });
+        assert_eq!(names(&mut pager).await.unwrap(), ["a", "b", "c"]);
+        let query = server.await.unwrap();
+        assert!(query.contains("continue=t-now"), "resumed with the offered token: {query}");
     }
 
     #[tokio::test]

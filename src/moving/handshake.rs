@@ -470,6 +470,7 @@ mod tests {
             sha256: String::new(),
             records: 0,
             frames: 0,
+            encryption: None,
         };
         let id = crate::format::SnapshotId::new(Timestamp::now());
         let manifest = Manifest::new("c", id, Timestamp::now(), "p", capture, summary);

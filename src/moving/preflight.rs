@@ -188,6 +188,21 @@ async fn freshness(
     live: &[LiveObject],
     trusted: Option<std::sync::Arc<crate::format::TrustedKeys>>,
 ) -> Result<(Option<Vec<Blocker>>, Option<String>)> {
+    // The newest snapshot encrypted, and no key to read it (the source holds none): its
+    // statuses cannot be compared, and an older plain one is not the one a restore would use.
+    if !store.decrypts()
+        && let Some(newest) = store.list().await?.into_iter().rev().find(|e| e.complete)
+        && let Ok(manifest) = store.manifest(&newest.id).await
+        && let Some(encryption) = manifest.encryption
+    {
+        let object = ObjectRef { kind: "Snapshot".into(), namespace: None, name: newest.id.to_string() };
+        let reason = format!(
+            "the newest snapshot is encrypted (to {}): without --decryption-key preflight cannot compare the live \
+             statuses with it; --snapshot-when-ready takes a new one when the cluster is ready",
+            encryption.recipients_text()
+        );
+        return Ok((Some(vec![Blocker { object, reason }]), None));
+    }
     match choose_snapshot(store, None, &Accept { trusted, ..Accept::default() }).await {
         Ok(loaded) => {
             let id = loaded.manifest.snapshot_id.to_string();
@@ -322,6 +337,50 @@ mod tests {
         assert_eq!(id.as_deref(), Some(signed.as_str()));
         let reasons: Vec<String> = stale.unwrap().into_iter().map(|b| b.reason).collect();
         assert_eq!(reasons, [format!("status changed after snapshot {signed}")]);
+    }
+
+    /// F80 on the source: the newest snapshot is encrypted and preflight has no key. Freshness
+    /// cannot compare with it and says so (not "changed after" an older plain snapshot); with
+    /// the key it compares as before.
+    #[tokio::test]
+    async fn freshness_without_the_key_of_an_encrypted_newest_snapshot_says_so() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let (text, recipient) = crate::format::DecryptionKeys::generate(crate::fixtures::ts("2026-11-30T08:00:00Z"));
+        let keys = std::sync::Arc::new(crate::format::DecryptionKeys::parse_all("k", &text).unwrap());
+        let to = crate::format::Recipients::load(std::slice::from_ref(&recipient)).unwrap().unwrap();
+        let now = json!({"state": "Reserved"});
+        snapshot(
+            &store,
+            "2026-11-30T08:00:00Z",
+            &[record("Server", "s1", &[uuid("u1")], json!({"state": "Available"}))],
+            None,
+        )
+        .await;
+        let mut encoder = crate::format::PayloadEncoder::with_recipients(3, Some(&to)).unwrap();
+        encoder.push(&record("Server", "s1", &[uuid("u1")], now.clone())).unwrap();
+        let mut payload = encoder.take_output();
+        let (tail, summary) = encoder.finish().unwrap();
+        payload.extend(tail);
+        let at = crate::fixtures::ts("2026-11-30T09:00:00Z");
+        let id = crate::format::SnapshotId::new(at);
+        object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
+            .await
+            .unwrap();
+        let capture = crate::format::CaptureSummary::empty();
+        let manifest = crate::format::Manifest::new(store.cluster_id(), id.clone(), at, "test", capture, summary);
+        store.put_manifest(&manifest).await.unwrap();
+
+        let objects = [live("Server", "s1", &[uuid("u1")], Some(now))];
+        let profile = Profile::metal_operator();
+        let (stale, compared) = freshness(&store, &profile, &objects, None).await.unwrap();
+        let blockers = stale.unwrap();
+        assert_eq!((blockers.len(), compared), (1, None));
+        assert_eq!(blockers[0].object.name, id.to_string());
+        let reason = &blockers[0].reason;
+        assert!(reason.contains("is encrypted") && reason.contains(&recipient) && reason.contains("--decryption-key"));
+        let with_key = store.clone().with_decryption_keys(Some(keys));
+        let (stale, compared) = freshness(&with_key, &profile, &objects, None).await.unwrap();
+        assert_eq!((stale.unwrap().len(), compared), (0, Some(id.to_string())), "with the key: up to date");
     }
 
     fn consistent() -> Consistency {

@@ -1,8 +1,9 @@
 //! Which snapshot to restore from: the pinned one, or the newest complete one that loads,
 //! verifies, (unless allowed otherwise) is consistent and was not captured from the cluster
-//! the restore writes to, and, when keys are trusted, is signed by one of them. A damaged,
-//! foreign, own, unsigned or badly signed snapshot is reported and passed over for the previous
-//! one; a store that cannot be read is an error.
+//! the restore writes to, and, when keys are trusted, is signed by one of them; an encrypted one
+//! only when a decryption key opens it. A damaged, foreign, own, unsigned, badly signed or
+//! undecryptable snapshot is reported and passed over for the previous one; a store that cannot
+//! be read is an error.
 
 use std::sync::Arc;
 
@@ -67,10 +68,10 @@ impl Accept {
 /// accepts (consistent, not captured from this cluster, unless allowed).
 pub async fn choose_snapshot(store: &SnapshotStore, pinned: Option<&SnapshotId>, accept: &Accept) -> Result<Loaded> {
     let newest = choose(store, pinned, None, accept).await?;
-    newest.ok_or_else(|| Error::NoSnapshot {
-        cluster: store.cluster_id().to_string(),
-        location: store.location().to_string(),
-    })
+    match newest {
+        Some(loaded) => Ok(loaded),
+        None => Err(store.no_snapshot().await),
+    }
 }
 
 /// The snapshot [`choose_snapshot`] would load now, unless that is `current`: then `None`,
@@ -118,6 +119,10 @@ async fn choose(
                 warn!(snapshot = %entry.id, error = %e, "snapshot is not signed by a trusted key; trying the previous one");
                 passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
             }
+            Err(e @ (Error::Encrypted { .. } | Error::Undecryptable { .. })) => {
+                warn!(snapshot = %entry.id, error = %e, "snapshot cannot be decrypted with the keys given; trying the previous one");
+                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
+            }
             Err(e) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot skipped; trying the previous one");
                 passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
@@ -142,8 +147,8 @@ pub async fn resolve(store: &SnapshotStore, id: &str) -> Result<SnapshotId> {
         return id.parse();
     }
     let entries = store.list().await?;
-    entries.into_iter().rev().find(|e| e.complete).map(|e| e.id).ok_or_else(|| Error::NoSnapshot {
-        cluster: store.cluster_id().to_string(),
-        location: store.location().to_string(),
-    })
+    match entries.into_iter().rev().find(|e| e.complete) {
+        Some(entry) => Ok(entry.id),
+        None => Err(store.no_snapshot().await),
+    }
 }

@@ -9,6 +9,9 @@ use super::{SnapshotStore, validate_cluster_id};
 use crate::format::SnapshotId;
 use crate::{Error, Result};
 
+/// At most this many cluster ids are named in a "no complete snapshot" error.
+pub const KNOWN_IDS_SHOWN: usize = 10;
+
 /// One cluster id found under the prefix, and what its newest snapshot is.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -37,6 +40,30 @@ impl SnapshotStore {
     pub fn for_cluster(&self, cluster_id: &str) -> Result<SnapshotStore> {
         let store = SnapshotStore::new(self.store.clone(), self.prefix().as_ref(), cluster_id, self.location.clone())?;
         Ok(store.with_max_payload(self.max_payload))
+    }
+
+    /// [`Error::NoSnapshot`] for this cluster id, naming (at most [`KNOWN_IDS_SHOWN`]) the
+    /// other cluster ids under the prefix: one listing with a delimiter, no manifest read.
+    pub async fn no_snapshot(&self) -> Error {
+        let prefix = self.prefix();
+        let listing = self.store.list_with_delimiter((!prefix.as_ref().is_empty()).then_some(&prefix)).await;
+        let mut ids: Vec<String> = listing
+            .map(|l| l.common_prefixes)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|folder| folder.filename())
+            .filter(|id| *id != self.cluster_id && validate_cluster_id(id).is_ok())
+            .map(str::to_string)
+            .collect();
+        ids.sort();
+        let known = match ids.len() {
+            0 => String::new(),
+            n if n > KNOWN_IDS_SHOWN => {
+                format!("; cluster ids there: {} and {} more", ids[..KNOWN_IDS_SHOWN].join(", "), n - KNOWN_IDS_SHOWN)
+            }
+            _ => format!("; cluster ids there: {}", ids.join(", ")),
+        };
+        Error::NoSnapshot { cluster: self.cluster_id.clone(), location: self.location.clone(), known }
     }
 
     /// Every cluster id under the prefix that holds at least one snapshot folder, by id, each
@@ -107,5 +134,28 @@ mod tests {
         assert_eq!(clusters[0].newest, Some(newest));
         assert_eq!(clusters[0].newest_at, Some(newer));
         assert_eq!((clusters[1].snapshots, clusters[1].complete, clusters[1].newest.as_ref()), (1, 0, None));
+    }
+
+    /// "no complete snapshot for cluster X" names the other cluster ids under the prefix,
+    /// at most KNOWN_IDS_SHOWN of them, then how many more.
+    #[tokio::test]
+    async fn no_snapshot_names_the_cluster_ids_the_bucket_has_bounded() {
+        let store: std::sync::Arc<dyn object_store::ObjectStore> =
+            std::sync::Arc::new(object_store::memory::InMemory::new());
+        let open = |id: &str| SnapshotStore::new(store.clone(), "p", id, "memory://p".into()).unwrap();
+        let id = SnapshotId::new("2026-11-30T10:00:00Z".parse().unwrap());
+        let none = open("wrong").no_snapshot().await.to_string();
+        assert_eq!(none, "no complete snapshot for cluster wrong in memory://p");
+        for n in 0..12 {
+            let c = open(&format!("c{n:02}"));
+            store.put(&c.payload_path(&id), bytes::Bytes::from_static(b"x").into()).await.unwrap();
+        }
+        let err = open("wrong").no_snapshot().await.to_string();
+        assert!(
+            err.ends_with("; cluster ids there: c00, c01, c02, c03, c04, c05, c06, c07, c08, c09 and 2 more"),
+            "{err}"
+        );
+        let err = open("c00").no_snapshot().await.to_string();
+        assert!(err.contains("there: c01, ") && !err.contains("c00,"), "not itself: {err}");
     }
 }

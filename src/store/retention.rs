@@ -8,6 +8,9 @@
 //! against `keep_last` either, so they cannot push out the snapshots that follow them). A
 //! folder without a manifest (an aborted or crashed backup) is removed once it is older than
 //! [`INCOMPLETE_GRACE`], so a backup still uploading is never touched.
+//!
+//! `snapshots delete` removes one snapshot by hand ([`delete_one`]), the same way, and without
+//! `force` refuses what retention would never delete ([`protected`]).
 
 use std::time::Duration;
 
@@ -94,18 +97,29 @@ pub fn plan(
 
 /// The newest complete snapshot that is consistent and verifies end to end (records are
 /// checked and dropped, not kept), its signature by one of `trusted` included when keys are
-/// given: a forged snapshot written after it never makes retention delete the real one.
+/// given: a forged snapshot written after it never makes retention delete the real one. An
+/// encrypted snapshot the store has no key for is verified as stored (size and sha256 of the
+/// ciphertext).
 pub async fn newest_restorable(
     store: &SnapshotStore,
     entries: &[SnapshotEntry],
     trusted: Option<&TrustedKeys>,
 ) -> Result<Option<SnapshotId>> {
     for entry in entries.iter().rev().filter(|e| e.complete) {
-        match store.verified_manifest(&entry.id, trusted).await {
-            Ok((manifest, _)) if manifest.is_consistent() => {}
+        let manifest = match store.verified_manifest(&entry.id, trusted).await {
+            Ok((manifest, _)) if manifest.is_consistent() => manifest,
             Ok(_) => continue,
             Err(e @ crate::Error::Store { .. }) => return Err(e),
             Err(_) => continue,
+        };
+        // An encrypted snapshot, where no key decrypts it (a backup's retention): its stored
+        // bytes are checked against the manifest, which is as far as a writer can see.
+        if manifest.encryption.is_some() && !store.decrypts() {
+            match store.fetch_stored(&manifest).await.and_then(|stored| stored.verify(&manifest)) {
+                Ok(()) => return Ok(Some(entry.id.clone())),
+                Err(e @ crate::Error::Store { .. }) => return Err(e),
+                Err(_) => continue,
+            }
         }
         match store.load_verified(&entry.id, trusted, |_| Ok(())).await {
             Ok(_) => return Ok(Some(entry.id.clone())),
@@ -142,6 +156,86 @@ pub async fn apply(
         info!(snapshot = %kept.id, reason = %kept.reason, "snapshot kept by retention");
     }
     Ok(plan)
+}
+
+/// Why a snapshot must not be deleted by hand without `force`, if it must not: the newest
+/// complete one (`latest`, where a restore starts), the newest one that verifies and is
+/// consistent (`restorable`: what a restore uses; signed by a trusted key when keys are given),
+/// or a folder without a manifest written to within [`INCOMPLETE_GRACE`] (a backup may still be
+/// uploading it). Pure.
+pub fn protected(
+    entries: &[SnapshotEntry],
+    entry: &SnapshotEntry,
+    restorable: Option<&SnapshotId>,
+    signed: bool,
+    now: Timestamp,
+) -> Option<String> {
+    if !entry.complete {
+        let idle: Duration = now.duration_since(entry.last_modified).try_into().unwrap_or(Duration::ZERO);
+        return (idle <= INCOMPLETE_GRACE).then(|| {
+            format!(
+                "it has no manifest and was written to {} ago: a backup may still be uploading it",
+                humantime::format_duration(Duration::from_secs(idle.as_secs()))
+            )
+        });
+    }
+    if entries.iter().rev().find(|e| e.complete).is_some_and(|newest| newest.id == entry.id) {
+        return Some("it is the newest complete snapshot (`latest`), the first one a restore tries".into());
+    }
+    if restorable == Some(&entry.id) {
+        let which = if signed { "signed by a trusted key, " } else { "" };
+        return Some(format!("it is the newest snapshot that verifies ({which}consistent): what a restore uses"));
+    }
+    None
+}
+
+/// What [`delete_one`] removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deleted {
+    pub id: SnapshotId,
+    /// It had a manifest.
+    pub complete: bool,
+    /// The objects removed: file name and size.
+    pub files: Vec<(String, u64)>,
+}
+
+/// Deletes one snapshot whole (manifest first, then signature and payload, as retention does).
+/// Refused, naming the snapshot: an id with no object under this cluster, and without `force`
+/// what [`protected`] protects (`trusted`: see [`newest_restorable`]).
+pub async fn delete_one(
+    store: &SnapshotStore,
+    id: &SnapshotId,
+    trusted: Option<&TrustedKeys>,
+    force: bool,
+) -> Result<Deleted> {
+    let refused = |reason: String| crate::Error::NotDeleted { snapshot: id.to_string(), reason };
+    let entries = store.list().await?;
+    let Some(entry) = entries.iter().find(|e| e.id == *id) else {
+        let reason = format!("no such snapshot in {} (`snapshots list` shows the ids)", store.snapshot_url(id));
+        return Err(refused(reason));
+    };
+    if !force {
+        let now = Timestamp::now();
+        // The cheap checks first; the newest restorable one is read (its payload verified) only
+        // when they pass.
+        let mut reason = protected(&entries, entry, None, false, now);
+        if reason.is_none() && entry.complete {
+            let restorable = newest_restorable(store, &entries, trusted).await?;
+            reason = protected(&entries, entry, restorable.as_ref(), trusted.is_some(), now);
+        }
+        if let Some(reason) = reason {
+            return Err(refused(format!("{reason}; --force deletes it anyway")));
+        }
+    }
+    let files = store.files(id).await?;
+    store.delete(id).await?;
+    let left = store.files(id).await?;
+    if !left.is_empty() {
+        let names: Vec<&str> = left.iter().map(|(name, _)| name.as_str()).collect();
+        return Err(refused(format!("objects left behind that are not a snapshot's: {}", names.join(", "))));
+    }
+    info!(snapshot = %id, force, "snapshot deleted");
+    Ok(Deleted { id: id.clone(), complete: entry.complete, files })
 }
 
 #[cfg(test)]
@@ -231,5 +325,25 @@ mod tests {
         let deleted: Vec<_> = plan.deletions.iter().map(|d| d.id.clone()).collect();
         assert_eq!(deleted, [entries[0].id.clone(), entries[1].id.clone()], "the newest real one (11:00) stays");
         assert!(plan.kept.iter().any(|k| k.id == entries[3].id && k.reason.contains("ahead of this clock")));
+    }
+
+    #[test]
+    fn by_hand_the_newest_the_restorable_and_an_uploading_folder_are_protected() {
+        let mut entries: Vec<_> = (1..=4).map(|h| entry(&format!("2026-11-30T{:02}:00:00Z", 8 + h), true)).collect();
+        entries.push(entry("2026-11-30T11:30:00Z", false));
+        let now: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();
+        let why = |i: usize, restorable: Option<usize>, signed: bool| {
+            let restorable = restorable.map(|r| entries[r].id.clone());
+            protected(&entries, &entries[i], restorable.as_ref(), signed, now)
+        };
+        assert!(why(3, None, false).unwrap().contains("newest complete"), "12:00 is `latest`");
+        assert_eq!(why(2, None, false), None, "an older one goes");
+        let restorable = why(1, Some(1), true).unwrap();
+        assert!(restorable.contains("newest snapshot that verifies (signed by a trusted key"), "{restorable}");
+        assert!(!why(1, Some(1), false).unwrap().contains("signed"));
+        let uploading = why(4, None, false).unwrap();
+        assert!(uploading.contains("may still be uploading") && uploading.contains("30m"), "{uploading}");
+        let later: Timestamp = "2026-11-30T13:00:01Z".parse().unwrap();
+        assert_eq!(protected(&entries, &entries[4], None, false, later), None, "abandoned after the grace");
     }
 }

@@ -90,14 +90,38 @@ tolerations:
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- if gt (int (default 1 $role.replicas)) 1 }}
+{{- with $role.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- else }}
+# Two replicas (leader and standby) on different nodes where the nodes allow it.
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "restatus.selectorLabels" . | nindent 8 }}
+{{- end }}
+{{- end }}
 {{- $signs := and (has $roleName (list "backup" "source")) $.Values.signing.keySecret }}
 {{- $trusts := and (eq $roleName "controller") $.Values.signing.trustedKeysConfigMap }}
-{{- if or (eq $roleName "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumes $signs $trusts }}
+{{- $custom := include "restatus.customProfile" $ | fromJson }}
+{{- $encrypts := and (has $roleName (list "backup" "source")) $.Values.encryption.recipientsConfigMap }}
+{{- $decrypts := and (eq $roleName "controller") $.Values.encryption.decryptionKeySecret }}
+{{- if or (eq $roleName "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumes $signs $trusts $custom $encrypts $decrypts }}
 volumes:
   {{- if eq $roleName "controller" }}
   # Snapshot payloads are spilled here while in use (the root filesystem is read-only).
   - name: tmp
     emptyDir: {sizeLimit: 1Gi}
+  {{- end }}
+  {{- if $custom }}
+  # The custom identity profile (profile.custom).
+  - name: profile
+    configMap:
+      name: {{ include "restatus.roleName" (list $ "profile") }}
   {{- end }}
   {{- if $signs }}
   # The snapshot signing key: only in the pods that write snapshots.
@@ -110,6 +134,19 @@ volumes:
   - name: trusted-keys
     configMap:
       name: {{ $.Values.signing.trustedKeysConfigMap }}
+  {{- end }}
+  {{- if $encrypts }}
+  # The recipients (public keys) payloads are encrypted to: only where snapshots are written.
+  - name: encryption-recipients
+    configMap:
+      name: {{ $.Values.encryption.recipientsConfigMap }}
+  {{- end }}
+  {{- if $decrypts }}
+  # The private key that decrypts payloads: only in the restore controller.
+  - name: decryption-key
+    secret:
+      secretName: {{ $.Values.encryption.decryptionKeySecret }}
+      items: [{key: {{ $.Values.encryption.decryptionKeySecretKey }}, path: decryption.agekey}]
   {{- end }}
   {{- if $.Values.s3.caBundle.configMap }}
   - name: s3-ca
@@ -126,6 +163,7 @@ volumes:
 {{- define "restatus.containerCommon" -}}
 {{- $ := index . 0 }}
 {{- $role := index $.Values (index . 1) -}}
+{{- $custom := include "restatus.customProfile" $ | fromJson }}
 {{- $signs := and (has (index . 1) (list "backup" "source")) $.Values.signing.keySecret }}
 {{- $trusted := list }}
 {{- if eq (index . 1) "controller" }}
@@ -134,23 +172,34 @@ volumes:
 {{- $trusted = append $trusted "/etc/restatus/trusted-keys" }}
 {{- end }}
 {{- end }}
+{{- $recipients := list }}
+{{- if has (index . 1) (list "backup" "source") }}
+{{- $recipients = $.Values.encryption.recipients }}
+{{- if $.Values.encryption.recipientsConfigMap }}
+{{- $recipients = append $recipients "/etc/restatus/encryption-recipients" }}
+{{- end }}
+{{- end }}
+{{- $decrypts := and (eq (index . 1) "controller") $.Values.encryption.decryptionKeySecret }}
 image: {{ include "restatus.image" $ }}
 imagePullPolicy: {{ $.Values.image.pullPolicy }}
 env:
+  {{- include "restatus.required" . }}
   - name: RESTATUS_STORAGE
-    value: {{ required "storage (s3://bucket/prefix) is required" $.Values.storage | quote }}
+    value: {{ $.Values.storage | quote }}
   - name: RESTATUS_CLUSTER_ID
-    {{- if and (eq (index . 1) "controller") $.Values.controller.restoreFrom }}
+    {{- if eq (index . 1) "controller" }}
     value: {{ $.Values.controller.restoreFrom | quote }}
     {{- else }}
-    value: {{ required "clusterId is required" $.Values.clusterId | quote }}
+    value: {{ $.Values.clusterId | quote }}
     {{- end }}
-  {{- with $.Values.profile }}
+  {{- if $custom }}
   - name: RESTATUS_PROFILE
-    value: {{ . | quote }}
+    value: /etc/restatus/profile/profile.yaml
   {{- end }}
   - name: RESTATUS_LOG_FORMAT
     value: {{ $.Values.logFormat | quote }}
+  - name: RUST_LOG
+    value: {{ $.Values.logLevel | quote }}
   {{- with $.Values.s3.endpoint }}
   - name: AWS_ENDPOINT_URL
     value: {{ . | quote }}
@@ -159,8 +208,20 @@ env:
   - name: AWS_REGION
     value: {{ . | quote }}
   {{- end }}
+  {{- with $.Values.s3.sse.mode }}
+  - name: RESTATUS_S3_SSE
+    value: {{ . | quote }}
+  {{- end }}
+  {{- with $.Values.s3.sse.kmsKeyId }}
+  - name: RESTATUS_S3_SSE_KMS_KEY_ID
+    value: {{ . | quote }}
+  {{- end }}
+  {{- if not (kindIs "invalid" $.Values.s3.sse.bucketKey) }}
+  - name: RESTATUS_S3_SSE_BUCKET_KEY
+    value: {{ $.Values.s3.sse.bucketKey | quote }}
+  {{- end }}
   {{- if $.Values.s3.caBundle.configMap }}
-  - name: SSL_CERT_FILE
+  - name: RESTATUS_S3_CA_FILE
     value: /etc/restatus/s3-ca/{{ $.Values.s3.caBundle.key }}
   {{- end }}
   {{- if $signs }}
@@ -170,6 +231,14 @@ env:
   {{- with $trusted }}
   - name: RESTATUS_TRUSTED_KEYS
     value: {{ join "," . | quote }}
+  {{- end }}
+  {{- with $recipients }}
+  - name: RESTATUS_ENCRYPT_TO
+    value: {{ join "," . | quote }}
+  {{- end }}
+  {{- if $decrypts }}
+  - name: RESTATUS_DECRYPTION_KEY
+    value: /etc/restatus/decryption/decryption.agekey
   {{- end }}
   {{- if ne (index . 1) "backup" }}
   - name: POD_NAME
@@ -186,16 +255,26 @@ envFrom:
       name: {{ . }}
 {{- end }}
 {{- $trustsMount := and (eq (index . 1) "controller") $.Values.signing.trustedKeysConfigMap }}
-{{- if or (eq (index . 1) "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts $signs $trustsMount }}
+{{- $recipientsMount := and (has (index . 1) (list "backup" "source")) $.Values.encryption.recipientsConfigMap }}
+{{- if or (eq (index . 1) "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts $signs $trustsMount $custom $recipientsMount $decrypts }}
 volumeMounts:
   {{- if eq (index . 1) "controller" }}
   - {name: tmp, mountPath: /tmp}
+  {{- end }}
+  {{- if $custom }}
+  - {name: profile, mountPath: /etc/restatus/profile, readOnly: true}
   {{- end }}
   {{- if $signs }}
   - {name: signing-key, mountPath: /etc/restatus/signing, readOnly: true}
   {{- end }}
   {{- if $trustsMount }}
   - {name: trusted-keys, mountPath: /etc/restatus/trusted-keys, readOnly: true}
+  {{- end }}
+  {{- if $recipientsMount }}
+  - {name: encryption-recipients, mountPath: /etc/restatus/encryption-recipients, readOnly: true}
+  {{- end }}
+  {{- if $decrypts }}
+  - {name: decryption-key, mountPath: /etc/restatus/decryption, readOnly: true}
   {{- end }}
   {{- if $.Values.s3.caBundle.configMap }}
   - name: s3-ca
@@ -229,9 +308,135 @@ metadata:
   {{- end }}
 {{- end }}
 
-{{/* The metal-operator kinds of the built-in profile, as RBAC resources. */}}
-{{- define "restatus.profileResources" -}}
-[servers, bmcs, serverclaims, endpoints, servermaintenances, serverbootconfigurations]
+{{/* The built-in metal-operator profile's kinds (in the order manifests/ lists them). */}}
+{{- define "restatus.builtinKinds" -}}
+- {group: metal.ironcore.dev, version: v1alpha1, kind: Server, plural: servers, namespaced: false}
+- {group: metal.ironcore.dev, version: v1alpha1, kind: BMC, plural: bmcs, namespaced: false}
+- {group: metal.ironcore.dev, version: v1alpha1, kind: ServerClaim, plural: serverclaims, namespaced: true}
+- {group: metal.ironcore.dev, version: v1alpha1, kind: Endpoint, plural: endpoints, namespaced: false}
+- {group: metal.ironcore.dev, version: v1alpha1, kind: ServerMaintenance, plural: servermaintenances, namespaced: true}
+- {group: metal.ironcore.dev, version: v1alpha1, kind: ServerBootConfiguration, plural: serverbootconfigurations, namespaced: true}
+{{- end }}
+
+{{/* restatus.customProfile: profile.custom as JSON ({} when empty), whether given as YAML
+under the key or as a file's text (--set-file). */}}
+{{- define "restatus.customProfile" -}}
+{{- $p := .Values.profile.custom }}
+{{- if kindIs "string" $p }}
+{{- $p = fromYaml $p }}
+{{- if hasKey $p "Error" }}
+{{- fail (printf "profile.custom is not a valid profile (YAML or JSON): %s" (get $p "Error")) }}
+{{- end }}
+{{- end }}
+{{- toJson (default (dict) $p) }}
+{{- end }}
+
+{{/* restatus.profileKinds: {"kinds": [{group, plural, namespaced}, ...]}, the kinds of the
+profile the roles run with (profile.custom, else the built-in one) that RBAC and the admission
+policies cover: the group "core" as "", the plural defaulted as restatus defaults it (the
+lower-cased kind and "s"), Secret and BMCSecret left out as restatus leaves them out. */}}
+{{- define "restatus.profileKinds" -}}
+{{- $custom := include "restatus.customProfile" . | fromJson }}
+{{- $kinds := list }}
+{{- if $custom }}
+{{- $listed := get $custom "kinds" }}
+{{- if not (kindIs "slice" $listed) }}
+{{- fail "profile.custom lists no kinds: give it name and kinds as a profile file has them (docs/FORMAT.md#identity-profiles)" }}
+{{- end }}
+{{- if not $listed }}
+{{- fail "profile.custom lists no kinds: give it name and kinds as a profile file has them (docs/FORMAT.md#identity-profiles)" }}
+{{- end }}
+{{- range $listed }}
+{{- $kind := toString (get . "kind") }}
+{{- if or (not (get . "kind")) (not (get . "version")) }}
+{{- fail (printf "profile.custom: every kind needs kind and version (%s)" (toJson .)) }}
+{{- end }}
+{{- $group := toString (default "" (get . "group")) }}
+{{- if eq (lower $group) "core" }}{{ $group = "" }}{{ end }}
+{{- $plural := toString (default (printf "%ss" (lower $kind)) (get . "plural")) }}
+{{- $denied := false }}
+{{- range list (list "" "secret") (list "metal.ironcore.dev" "bmcsecret") }}
+{{- if and (eq (lower $group) (index . 0)) (or (eq (lower $kind) (index . 1)) (eq (lower $plural) (printf "%ss" (index . 1)))) }}
+{{- $denied = true }}
+{{- end }}
+{{- end }}
+{{- if not $denied }}
+{{- $kinds = append $kinds (dict "group" $group "plural" $plural "namespaced" (eq (toString (get . "namespaced")) "true")) }}
+{{- end }}
+{{- end }}
+{{- if not $kinds }}
+{{- fail "profile.custom lists only kinds restatus never captures (Secret, BMCSecret)" }}
+{{- end }}
+{{- else }}
+{{- $kinds = include "restatus.builtinKinds" . | fromYamlArray }}
+{{- end }}
+{{- toJson (dict "kinds" $kinds) }}
+{{- end }}
+
+{{/* restatus.profileGroups: {"groups": [{group, plurals: [...]}, ...]}: the profile's kinds by
+API group, in the order the groups first appear. */}}
+{{- define "restatus.profileGroups" -}}
+{{- $groups := list }}
+{{- $seen := dict }}
+{{- $kinds := (include "restatus.profileKinds" . | fromJson).kinds }}
+{{- range $kinds }}
+{{- $g := .group }}
+{{- if not (hasKey $seen $g) }}
+{{- $_ := set $seen $g true }}
+{{- $plurals := list }}
+{{- range $kinds }}{{ if eq .group $g }}{{ $plurals = append $plurals .plural }}{{ end }}{{ end }}
+{{- $groups = append $groups (dict "group" $g "plurals" $plurals) }}
+{{- end }}
+{{- end }}
+{{- toJson (dict "groups" $groups) }}
+{{- end }}
+
+{{/* restatus.profileRules (list $ (list "get" "list") ""): RBAC rules granting the verbs on
+each of the profile's kinds, one rule per API group; the third item, "status", grants them on
+the kinds' status subresources instead. */}}
+{{- define "restatus.profileRules" -}}
+{{- $ := index . 0 }}
+{{- $verbs := index . 1 }}
+{{- $sub := index . 2 }}
+{{- range (include "restatus.profileGroups" $ | fromJson).groups }}
+- apiGroups: [{{ .group | quote }}]
+  resources:
+    {{- range .plurals }}
+    - {{ if $sub }}{{ printf "%s/%s" . $sub }}{{ else }}{{ . }}{{ end }}
+    {{- end }}
+  verbs: {{ toJson $verbs }}
+{{- end }}
+{{- end }}
+
+{{/* restatus.profilePolicyRules: the admission policies' resourceRules for the profile's
+kinds (every version, updates), one per API group. */}}
+{{- define "restatus.profilePolicyRules" -}}
+{{- range (include "restatus.profileGroups" . | fromJson).groups }}
+- apiGroups: [{{ .group | quote }}]
+  apiVersions: ["*"]
+  operations: ["UPDATE"]
+  resources: {{ toJson .plurals }}
+{{- end }}
+{{- end }}
+
+{{/* restatus.required (list $ "controller"): fails the render, naming the value to set, when a
+value the role needs has no value: no default pretends to be a bucket or a cluster id. */}}
+{{- define "restatus.required" -}}
+{{- $ := index . 0 }}
+{{- $role := index . 1 }}
+{{- if not $.Values.storage }}
+{{- fail "set storage: the bucket and prefix of the snapshots, s3://bucket/prefix (--set storage=s3://my-bucket/restatus); every cluster that shares snapshots names the same" }}
+{{- end }}
+{{- if not (hasPrefix "s3://" (toString $.Values.storage)) }}
+{{- fail (printf "storage %q is not s3://bucket/prefix" (toString $.Values.storage)) }}
+{{- end }}
+{{- if eq $role "controller" }}
+{{- if not $.Values.controller.restoreFrom }}
+{{- fail "set controller.restoreFrom: the id of the cluster whose snapshots the controller restores, the SOURCE cluster's clusterId (--set controller.restoreFrom=mgmt-eu1)" }}
+{{- end }}
+{{- else if not $.Values.clusterId }}
+{{- fail (printf "set clusterId: this cluster's id, the one the %s role's snapshots are taken under (--set clusterId=mgmt-eu1)" $role) }}
+{{- end }}
 {{- end }}
 
 {{/* restatus.annotationsOnlyValidations (list $ "controller"): the validations both admission
@@ -279,4 +484,43 @@ the allowed ones, and a user's metal-operator operation kept (or moved to operat
 {{/* restatus.alertLabels (list $ "warning"): an alert's severity and prometheusRule.additionalLabels. */}}
 {{- define "restatus.alertLabels" -}}
 {{- toYaml (merge (dict "severity" (index . 1)) (index . 0).Values.prometheusRule.additionalLabels) }}
+{{- end }}
+
+{{/* restatus.pdb (list $ "controller"): a PodDisruptionBudget for a role of more than one replica,
+so that a drain never takes the leader and its standby at once. */}}
+{{- define "restatus.pdb" -}}
+{{- $ := index . 0 }}
+{{- $role := index $.Values (index . 1) }}
+{{- if and $role.podDisruptionBudget.enabled (gt (int $role.replicas) 1) }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "restatus.roleName" . }}
+  namespace: {{ $.Release.Namespace }}
+  labels:
+    {{- include "restatus.roleLabels" . | nindent 4 }}
+spec:
+  maxUnavailable: {{ $role.podDisruptionBudget.maxUnavailable }}
+  selector:
+    matchLabels:
+      {{- include "restatus.selectorLabels" . | nindent 6 }}
+{{- end }}
+{{- end }}
+
+{{/* restatus.monitoringOn (list $ .Values.metrics.podMonitor): "true" when the object is enabled
+and prometheus-operator's API (monitoring.coreos.com/v1) is served, or `force` asks for it anyway
+(`helm template` without --api-versions, or the CRDs installed in the same run). */}}
+{{- define "restatus.monitoringOn" -}}
+{{- $ := index . 0 }}
+{{- $v := index . 1 }}
+{{- if and $v.enabled (or $v.force ($.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) }}true{{ end }}
+{{- end }}
+
+{{/* restatus.profileAnnotation: the custom profile's digest as a pod annotation, so that a
+changed profile rolls the Deployments (restatus reads it at start); nothing for the built-in one. */}}
+{{- define "restatus.profileAnnotation" -}}
+{{- if (include "restatus.customProfile" . | fromJson) }}
+restatus.ironcore.dev/profile-sha256: {{ include "restatus.customProfile" . | sha256sum | quote }}
+{{- end }}
 {{- end }}

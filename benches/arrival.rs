@@ -1,0 +1,209 @@
+//! A mass arrival (issue 22, item 1), run by `scripts/bench` with `BENCH_ONLY=arrival`: for each
+//! size N of `BENCH_ARRIVAL` (default 10000), two fleets of the same shape, N Servers with
+//! realistic status and N/10 ServerClaims bound to them, backed up on the source. On the
+//! target, side by side:
+//! - one-shot: the first fleet arrives bare (Servers written into the target's etcd, claims
+//!   through the API, as fast as a `clusterctl move` could create them), then `restatus
+//!   restore` of it: wall time and peak RSS;
+//! - controller: `restatus controller` runs and is ready before the second fleet arrives the
+//!   same way; the time from the end of the arrival until every object is restored and
+//!   released (its `restore_latency` count reaches the fleet's size, nothing left quiesced),
+//!   and its peak RSS, sampled every second.
+//!
+//! While the controller works (from the start of the arrival), single Servers (`PROBES`, one
+//! every `PROBE_EVERY`, part of the same snapshot) are created through the API, as a person or
+//! an operator would, and each one's time from creation to restored and released is measured
+//! (item 5: median at most 1 s).
+//!
+//! The ratio controller / one-shot is the figure; the issue asks at most 1.2. Each size runs
+//! `BENCH_ARRIVAL_RUNS` times (default 1) on fresh fleets, and the ratio's min, median and max
+//! close the output.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kube::api::{DynamicObject, PostParams};
+use restatus::domain::annotations::QUIESCED_BY_ANNOTATION;
+use restatus::domain::identity::Profile;
+use restatus::fleet::etcd::{EtcdTarget, load_servers, wait_listed};
+use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
+use support::{Controller, env, get, metric, rss_kib, timed};
+
+/// Single Servers created through the API while the controller restores the mass arrival.
+const PROBES: usize = 30;
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// Creates the probe fleet's Servers bare, one every [`PROBE_EVERY`], and returns each one's
+/// time from its creation until it has its status and no quiesce annotation (polled every
+/// 50 ms, at most 5 minutes each).
+async fn probe(client: kube::Client, spec: FleetSpec) -> Vec<Duration> {
+    let profile = Profile::metal_operator();
+    let api = restatus::k8s::api_for(&client, profile.kind("Server").expect("Server"), None);
+    let mut latencies = Vec::with_capacity(spec.servers);
+    for i in 0..spec.servers {
+        let next = Instant::now() + PROBE_EVERY;
+        let (object, _) = spec.server(i);
+        let object: DynamicObject = serde_json::from_value(object).expect("a Server");
+        let created = Instant::now();
+        api.create(&PostParams::default(), &object).await.expect("create a probe Server");
+        let name = spec.server_name(i);
+        loop {
+            let o = api.get(&name).await.expect("get a probe Server");
+            let quiesced = o.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(QUIESCED_BY_ANNOTATION));
+            if !o.data["status"].is_null() && !quiesced {
+                latencies.push(created.elapsed());
+                break;
+            }
+            assert!(created.elapsed() < Duration::from_secs(300), "probe {name} not restored within 5 minutes");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep_until(next.into()).await;
+    }
+    latencies
+}
+
+/// Makes `spec`'s fleet on a cluster: Servers into its etcd, the claims through its API.
+async fn arrive(client: &kube::Client, etcd_url: &str, spec: &FleetSpec) {
+    let etcd = EtcdTarget { url: etcd_url.to_string(), prefix: "/registry".into(), managed_fields: true };
+    load_servers(&etcd, spec, 8).await.expect("load Servers into etcd");
+    fleet::create_kinds(client, spec, 48, false).await.expect("create the claims");
+    wait_listed(client, spec, Duration::from_secs(3600)).await.expect("the API server lists the Servers");
+}
+
+#[tokio::main]
+async fn main() {
+    let sizes: Vec<usize> = std::env::var("BENCH_ARRIVAL")
+        .unwrap_or_else(|_| "10000".into())
+        .split_whitespace()
+        .map(|s| s.parse().expect("BENCH_ARRIVAL: sizes"))
+        .collect();
+    let (source_config, target_config) = (env("KUBECONFIG_SOURCE"), env("KUBECONFIG_TARGET"));
+    let source = restatus::k8s::client(Some(Path::new(&source_config)), None).await.unwrap();
+    let target = restatus::k8s::client(Some(Path::new(&target_config)), None).await.unwrap();
+    let storage = format!("s3://{}/arrival", env("RESTATUS_BUCKET"));
+    let stamp = jiff::Timestamp::now().as_second() % 100_000;
+    let runs: usize = std::env::var("BENCH_ARRIVAL_RUNS").map_or(1, |r| r.parse().expect("BENCH_ARRIVAL_RUNS"));
+    let mut rows = Vec::new();
+    for (n, run) in sizes.iter().flat_map(|&n| (0..runs).map(move |run| (n, run))) {
+        let claims = n / 10;
+        let [once, ctl] = ["o", "c"].map(|k| format!("arr{k}{n}-{stamp}-{run}"));
+        let probes = FleetSpec::new(&format!("{ctl}p"), PROBES, 0, 0);
+        // Both fleets on the source, with status, and a snapshot of each (the controller's
+        // with its probes).
+        fleet::create(&source, &probes, 8).await.expect("create the probes on the source");
+        for name in [&once, &ctl] {
+            let spec = FleetSpec::new(name, n, 0, claims);
+            arrive(&source, &env("RESTATUS_ETCD_SOURCE"), &spec).await;
+            let selector = format!("{FLEET_LABEL} in ({name},{}p)", name);
+            timed(&["backup", "--kubeconfig", &source_config, "--selector", &selector], &storage, name);
+        }
+        let bare = |name: &str| FleetSpec { with_status: false, ..FleetSpec::new(name, n, 0, claims) };
+
+        // One-shot: the fleet arrives, then the restore.
+        let started = Instant::now();
+        arrive(&target, &env("RESTATUS_ETCD_TARGET"), &bare(&once)).await;
+        let once_arrival = started.elapsed();
+        let selector = format!("{FLEET_LABEL}={once}");
+        let (once_wall, once_rss) =
+            timed(&["restore", "--kubeconfig", &target_config, "--selector", &selector], &storage, &once);
+        println!(
+            "{n} Servers + {claims} claims, one-shot: arrival {:.1} s, then restore {:.1} s, peak RSS {} KiB",
+            once_arrival.as_secs_f64(),
+            once_wall.as_secs_f64(),
+            once_rss
+        );
+
+        // Controller: running and ready, then the fleet arrives, and the probes one by one.
+        let selector = format!("{FLEET_LABEL} in ({ctl},{ctl}p)");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
+            .args(["controller", "--kubeconfig", &target_config, "--selector", &selector])
+            .args(["--lease-namespace", "default", "--lease-name", &format!("restatus-arrival-{ctl}")])
+            .args(["--http-addr", &format!("127.0.0.1:{port}")])
+            .env("RESTATUS_STORAGE", &storage)
+            .env("RESTATUS_CLUSTER_ID", &ctl)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap();
+        let controller = Controller { child, port };
+        let ready = Instant::now();
+        while get(controller.port, "/readyz").is_none() {
+            assert!(ready.elapsed() < Duration::from_secs(300), "the controller is not ready after 300 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let started = Instant::now();
+        let arriving = tokio::spawn({
+            let (target, spec) = (target.clone(), bare(&ctl));
+            async move { arrive(&target, &env("RESTATUS_ETCD_TARGET"), &spec).await }
+        });
+        let probing = tokio::spawn(probe(target.clone(), probes));
+        let mut peak = 0;
+        let mut arrived = None;
+        let total = (n + claims + PROBES) as f64;
+        let done = loop {
+            peak = peak.max(rss_kib(controller.child.id()));
+            if arrived.is_none() && arriving.is_finished() {
+                arrived = Some(started.elapsed());
+            }
+            let metrics = get(controller.port, "/metrics").unwrap_or_default();
+            let restored = metric(&metrics, "restatus_restore_latency_seconds_count");
+            if arrived.is_some() && restored >= total && metric(&metrics, "restatus_objects_quiesced") == 0.0 {
+                break started.elapsed();
+            }
+            assert!(started.elapsed() < Duration::from_secs(3600), "{restored} of {total} restored after an hour");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let arrival = arrived.expect("arrived");
+        let after = done.saturating_sub(arrival);
+        let mut latencies = probing.await.expect("the probes");
+        latencies.sort();
+        let (median, max) = (latencies[latencies.len() / 2], latencies[latencies.len() - 1]);
+        println!(
+            "{PROBES} single Servers created during it: creation to restored median {:.2} s, max {:.2} s",
+            median.as_secs_f64(),
+            max.as_secs_f64()
+        );
+        println!(
+            "{n} Servers + {claims} claims, controller: arrival {:.1} s, every status restored {:.1} s after it ({:.1} s from its start), peak RSS {} KiB",
+            arrival.as_secs_f64(),
+            after.as_secs_f64(),
+            done.as_secs_f64(),
+            peak
+        );
+        println!("ratio controller / one-shot: {:.2}", after.as_secs_f64() / once_wall.as_secs_f64());
+        rows.push((n, run, once_wall, once_rss, median, after, peak));
+        drop(controller);
+    }
+    println!();
+    println!(
+        "| Servers | run | one-shot restore | peak RSS | controller after the arrival | peak RSS | ratio | single Servers meanwhile, median |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (n, run, once_wall, once_rss, median, after, peak) in &rows {
+        println!(
+            "| {n} | {} | {:.1} s | {:.1} MiB | {:.1} s | {:.1} MiB | {:.2} | {:.2} s |",
+            run + 1,
+            once_wall.as_secs_f64(),
+            *once_rss as f64 / 1024.0,
+            after.as_secs_f64(),
+            *peak as f64 / 1024.0,
+            after.as_secs_f64() / once_wall.as_secs_f64(),
+            median.as_secs_f64()
+        );
+    }
+    for n in sizes {
+        let mut ratios: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.0 == n)
+            .map(|(_, _, once_wall, _, _, after, _)| after.as_secs_f64() / once_wall.as_secs_f64())
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        if let (Some(min), Some(max)) = (ratios.first(), ratios.last()) {
+            let median = ratios[ratios.len() / 2];
+            println!("{n} Servers, ratio over {} runs: min {min:.2}, median {median:.2}, max {max:.2}", ratios.len());
+        }
+    }
+}

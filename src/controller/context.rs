@@ -1,0 +1,191 @@
+//! The controller's shared state, [`Context`]: its options, the snapshot in use and how it is
+//! refreshed, and readiness (every kind listed or known to be unavailable, and a snapshot
+//! loaded; a standby is always ready).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::RwLock;
+use tracing::{info, warn};
+
+use super::index::SnapshotIndex;
+use super::metrics::Metrics;
+use crate::domain::identity::Profile;
+use crate::k8s::Writer;
+use crate::store::{Accept, Loaded, SnapshotStore, choose_newer, choose_snapshot};
+use crate::{Error, Result};
+
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    pub profile: Profile,
+    pub selector: Option<String>,
+    pub force: bool,
+    pub allow_inconsistent: bool,
+    /// Also use snapshots captured from the cluster the controller writes to.
+    pub allow_same_cluster: bool,
+    /// Use only snapshots signed by one of these keys.
+    pub trusted_keys: Option<Arc<crate::format::TrustedKeys>>,
+    pub concurrency: usize,
+    /// How often to look for a newer snapshot.
+    pub snapshot_refresh: Duration,
+    /// How long one refresh (listing, manifests, a payload's download) may take: a store that
+    /// stops answering fails the refresh, and the snapshot in use is kept.
+    pub snapshot_timeout: Duration,
+    /// How long to gather events into one batch.
+    pub batch_window: Duration,
+}
+
+/// Shared state: what the reconciler, the HTTP endpoints and the main loop see.
+pub struct Context {
+    pub client: kube::Client,
+    pub store: SnapshotStore,
+    pub options: ControllerOptions,
+    pub metrics: Metrics,
+    pub(super) snapshot: RwLock<Option<Arc<SnapshotIndex>>>,
+    /// Made on the first write (by then the profile's kinds are served, so discovery finds
+    /// their status subresources), then kept: one event recorder for the controller's life.
+    pub(super) writer: tokio::sync::OnceCell<Writer>,
+    /// Which snapshots to use; the cluster's own identity is read before the first choice.
+    accept: tokio::sync::OnceCell<Accept>,
+    /// Every kind listed (or unavailable) and a snapshot loaded.
+    pub(super) synced: AtomicBool,
+    /// This instance holds the lease.
+    pub(super) leading: AtomicBool,
+    /// Kinds that cannot be watched now, with why.
+    unavailable: std::sync::Mutex<BTreeMap<String, String>>,
+}
+
+impl Context {
+    /// Which snapshots this controller uses: consistent ones (unless allowed otherwise), not
+    /// captured from its own cluster (unless allowed).
+    async fn accept(&self) -> &Accept {
+        self.accept
+            .get_or_init(|| async {
+                Accept {
+                    inconsistent: self.options.allow_inconsistent,
+                    this_cluster: crate::k8s::cluster_uid(&self.client).await,
+                    same_cluster: self.options.allow_same_cluster,
+                    trusted: self.options.trusted_keys.clone(),
+                }
+            })
+            .await
+    }
+
+    pub fn new(client: kube::Client, store: SnapshotStore, options: ControllerOptions) -> Arc<Self> {
+        Arc::new(Context {
+            client,
+            store,
+            options,
+            metrics: Metrics::default(),
+            snapshot: RwLock::new(None),
+            writer: tokio::sync::OnceCell::new(),
+            accept: tokio::sync::OnceCell::new(),
+            synced: AtomicBool::new(false),
+            leading: AtomicBool::new(false),
+            unavailable: Default::default(),
+        })
+    }
+
+    /// A standby is ready (it serves and waits for the lease; leadership is a metric); the
+    /// leader once a snapshot is loaded and every kind is listed or known to be unavailable.
+    pub fn is_ready(&self) -> bool {
+        !self.leading.load(Ordering::Relaxed) || self.synced.load(Ordering::Relaxed)
+    }
+
+    /// For roles that need no snapshot to start (the source-side handshake).
+    pub fn mark_ready(&self) {
+        self.synced.store(true, Ordering::Relaxed);
+    }
+
+    /// The kinds that cannot be watched now, with why.
+    pub fn unavailable_kinds(&self) -> BTreeMap<String, String> {
+        self.unavailable.lock().map(|u| u.clone()).unwrap_or_default()
+    }
+
+    pub(super) fn is_unavailable(&self, kind: &str) -> bool {
+        self.unavailable.lock().is_ok_and(|u| u.contains_key(kind))
+    }
+
+    pub(super) fn kind_unavailable(&self, kind: &str, reason: &str) {
+        let Ok(mut unavailable) = self.unavailable.lock() else { return };
+        if unavailable.get(kind).map(String::as_str) != Some(reason) {
+            warn!(kind, reason, "kind cannot be watched; skipped until it can (watch backs off)");
+            unavailable.insert(kind.to_string(), reason.to_string());
+            self.metrics.unavailable(kind, true);
+        }
+    }
+
+    pub(super) fn kind_available(&self, kind: &str) {
+        let Ok(mut unavailable) = self.unavailable.lock() else { return };
+        if unavailable.remove(kind).is_some() {
+            info!(kind, "kind can be watched again");
+            self.metrics.unavailable(kind, false);
+        }
+    }
+}
+
+/// Loads the newest good snapshot if it is not the one in use. True when it changed. The
+/// listing and the manifests are read first: the payload of the snapshot in use, or of an
+/// inconsistent one, is not downloaded again. A refresh that takes longer than
+/// `snapshot_timeout` (a store that stopped answering) is an error, counted and logged; the
+/// snapshot in use stays, and the next refresh tries again.
+pub(super) async fn refresh_snapshot(ctx: &Context) -> bool {
+    let current = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
+    let chosen = newer_snapshot(ctx, current.as_ref()).await;
+    match chosen {
+        Ok(Some(loaded)) => {
+            info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "using snapshot");
+            ctx.metrics.snapshot_timestamp.set(loaded.manifest.created_at.as_millisecond() as f64 / 1000.0);
+            *ctx.snapshot.write().await = Some(Arc::new(SnapshotIndex::new(loaded.manifest, loaded.records)));
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            ctx.metrics.errors.inc();
+            match &current {
+                Some(current) => {
+                    warn!(error = %e, snapshot = %current, "snapshot refresh failed; keeping the snapshot in use")
+                }
+                None => warn!(error = %e, "no snapshot to restore from yet"),
+            }
+            false
+        }
+    }
+}
+
+/// The snapshot to use instead of `current` (any, when `None`), read within `snapshot_timeout`.
+pub(super) async fn newer_snapshot(
+    ctx: &Context,
+    current: Option<&crate::format::SnapshotId>,
+) -> Result<Option<Loaded>> {
+    let accept = ctx.accept().await;
+    let chosen = async {
+        match current {
+            Some(current) => choose_newer(&ctx.store, current, accept).await,
+            None => choose_snapshot(&ctx.store, None, accept).await.map(Some),
+        }
+    };
+    let timeout = ctx.options.snapshot_timeout;
+    tokio::time::timeout(timeout, chosen).await.unwrap_or_else(|_| {
+        Err(Error::StoreTimeout {
+            location: ctx.store.location().to_string(),
+            what: "the snapshot refresh".into(),
+            after: timeout,
+        })
+    })
+}
+
+/// Every `period`, refreshes the metrics of the bucket's newest snapshot (`Metrics::newest`) from the bucket; runs until aborted. Each
+/// replica runs it, leading or not, so the bucket's view is there on any of them.
+pub(super) async fn export_newest(ctx: Arc<Context>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = ctx.metrics.newest.refresh(&ctx.store).await {
+            warn!(error = %e, "cannot read the newest snapshot for the metrics");
+        }
+    }
+}

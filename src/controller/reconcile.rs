@@ -1,0 +1,156 @@
+//! Reconciling: each dirty object planned on its neighbourhood (its records, the live objects
+//! that share their keys) with the one-shot restore's plan, and applied when it writes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use futures::{StreamExt, future, stream};
+use tracing::info;
+
+use super::Context;
+use super::index::{LiveIndex, SnapshotIndex, Uid};
+use super::retry::Retries;
+use crate::domain::identity::KindProfile;
+use crate::domain::live::LiveObject;
+use crate::domain::pairing::{METAL_GROUP, ServerIdentity, servers_of_bmc};
+use crate::format::Records;
+use crate::k8s::Writer;
+use crate::restore::Applier;
+use crate::restore::plan::{self, PlanInput, Verdict};
+use crate::{Error, Result};
+
+/// What the main loop does with an object after its reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Nothing more until it (or a partner, or the snapshot) changes.
+    Settled,
+    /// Tried again after a backoff: held on purpose (see [`reconcile`]), not an error.
+    Retry,
+}
+
+/// Plans and applies every dirty object, kinds in profile order. Returns each object's uid and
+/// what became of it; an error waits for a retry after a backoff, as [`Next::Retry`] does.
+pub(super) async fn process(
+    ctx: &Context,
+    kinds: &[KindProfile],
+    live: &LiveIndex,
+    retries: &Retries,
+    dirty: HashMap<Uid, Instant>,
+    stopping: &AtomicBool,
+) -> Vec<(Uid, Result<Next>)> {
+    let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
+    let mut results = Vec::with_capacity(dirty.len());
+    for kind in kinds {
+        let mut uids: Vec<(usize, &Uid, &Instant)> = dirty
+            .iter()
+            .filter(|(uid, _)| live.kind_of(uid) == Some(kind.kind.as_str()))
+            .map(|(uid, seen)| (live.position(uid, &snapshot), uid, seen))
+            .collect();
+        // In payload order: each frame of the payload is decompressed once.
+        uids.sort_unstable();
+        let done: Vec<(Uid, Result<Next>)> = stream::iter(uids)
+            .take_while(|_| future::ready(!stopping.load(Ordering::Relaxed)))
+            .map(|(_, uid, seen)| {
+                let snapshot = snapshot.clone();
+                async move {
+                    let dirty = Dirty { uid, seen: *seen, failing: retries.contains(uid) };
+                    (uid.clone(), reconcile_uid(ctx, kind, &snapshot, live, dirty).await)
+                }
+            })
+            .buffer_unordered(ctx.options.concurrency.max(1))
+            .collect()
+            .await;
+        results.extend(done);
+    }
+    results
+}
+
+/// One dirty object of the live index: its neighbourhood read, then [`reconcile`]d. An object
+/// gone from the index meanwhile is settled.
+async fn reconcile_uid(
+    ctx: &Context,
+    kind: &KindProfile,
+    snapshot: &SnapshotIndex,
+    live: &LiveIndex,
+    dirty: Dirty<'_>,
+) -> Result<Next> {
+    let Some(neighbourhood) = live.neighbourhood(dirty.uid, snapshot) else { return Ok(Next::Settled) };
+    let (records, objects) = neighbourhood?;
+    let servers = bmc_servers(kind, snapshot, live, &objects, dirty.uid)?;
+    reconcile(ctx, kind, snapshot, (&records, &objects, &servers), dirty).await
+}
+
+/// For a BMC restatus holds: the live Servers that share an identity key (systemUUID) with a
+/// Server the snapshot holds for it, from the live index, so that its wait finds them by
+/// identity whatever their names (see `restore::apply`). Nothing for other objects.
+fn bmc_servers(
+    kind: &KindProfile,
+    snapshot: &SnapshotIndex,
+    live: &LiveIndex,
+    objects: &[LiveObject],
+    uid: &str,
+) -> Result<Vec<ServerIdentity>> {
+    let Some(bmc) = objects.iter().find(|o| o.uid == uid) else { return Ok(vec![]) };
+    if kind.kind != "BMC" || kind.group != METAL_GROUP || !bmc.quiesced_by_restatus() {
+        return Ok(vec![]);
+    }
+    let recorded = servers_of_bmc(&bmc.name, snapshot.system_servers.get(&snapshot.records)?);
+    let servers = live.carrying("Server", recorded.iter().flat_map(|r| &r.keys));
+    Ok(servers.into_iter().map(|s| ServerIdentity { name: s.name, keys: s.keys }).collect())
+}
+
+/// A dirty object: its uid, when its change was seen, and whether its last restore failed.
+struct Dirty<'a> {
+    uid: &'a str,
+    seen: Instant,
+    failing: bool,
+}
+
+/// One object: the plan's verdict for it, applied if it writes (with its records, the live
+/// objects around it and, for a BMC, its Servers on the target).
+async fn reconcile(
+    ctx: &Context,
+    kind: &KindProfile,
+    snapshot: &SnapshotIndex,
+    (records, objects, servers): (&Records, &[LiveObject], &[ServerIdentity]),
+    Dirty { uid, seen, failing }: Dirty<'_>,
+) -> Result<Next> {
+    let manifest = &snapshot.manifest;
+    let input = PlanInput {
+        profile: &ctx.options.profile,
+        snapshot: &manifest.snapshot_id,
+        snapshot_time: manifest.comparable_time(jiff::Timestamp::now()),
+        records,
+        live: objects,
+        force: ctx.options.force,
+        explain: false,
+    };
+    let plan = plan::plan(&input)?;
+    let mine = |i: &&plan::PlanItem| i.live.is_some_and(|l| objects[l].uid == uid);
+    let Some(item) = plan.items.iter().find(mine) else { return Ok(Next::Settled) };
+    ctx.metrics.decided(item.verdict);
+    if failing && item.verdict == Verdict::NotInSnapshot && item.release {
+        // Its restore failed; a newer snapshot without its record does not make it safe to
+        // hand over bare. It stays quiesced (and retried) until a snapshot restores it or a
+        // person removes the ignore.
+        info!(uid, "keeping restatus's ignore: its restore failed and this snapshot has no record for it");
+        return Ok(Next::Retry);
+    }
+    if !item.writes() {
+        return Ok(Next::Settled);
+    }
+    let writer = ctx.writer.get_or_try_init(|| Writer::new(&ctx.client, &ctx.options.profile)).await?;
+    let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
+        .with_snapshot_records(&snapshot.records, &snapshot.system_servers)
+        .with_live_servers(servers);
+    let outcome = applier.apply_item(kind, item, objects).await;
+    if let Some(reason) = outcome.error {
+        return Err(Error::RestoreFailed { object: outcome.object.to_string(), reason });
+    }
+    if outcome.verdict == Verdict::Restore {
+        ctx.metrics.restore_latency.observe(seen.elapsed().as_secs_f64());
+        info!(object = %outcome.object, snapshot = %manifest.snapshot_id, "status restored");
+    }
+    Ok(Next::Settled)
+}

@@ -1,0 +1,204 @@
+//! The `restatus` binary on a `file://` storage (no cluster needed): every `snapshots` command's
+//! `-o json` and `-o yaml` is one document that parses, `snapshots delete` end to end, and usage
+//! errors (exit 2) as a JSON line with `--log-format json`. The commands that need a cluster
+//! (backup, preflight, restore) are checked the same way in `e2e/cli.rs`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use object_store::ObjectStoreExt;
+use restatus::format::{IdentityKey, Manifest, PayloadEncoder, Record, SnapshotId};
+use restatus::store::SnapshotStore;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+fn record(i: usize, status: &str) -> Record {
+    Record {
+        api_version: "metal.ironcore.dev/v1alpha1".into(),
+        kind: "Server".into(),
+        namespace: None,
+        name: format!("server-{i}"),
+        keys: vec![IdentityKey { field: "spec.systemUUID".into(), value: format!("uuid-{i}") }],
+        uid: Some(format!("uid-{i}")),
+        resource_version: Some("1".into()),
+        generation: Some(1),
+        creation_timestamp: Some("2026-11-30T09:00:00Z".into()),
+        labels: Default::default(),
+        annotations: Default::default(),
+        status: RawValue::from_string(status.to_string()).unwrap(),
+    }
+}
+
+/// Writes a snapshot the way a backup does (payload, then manifest) with `records` Servers.
+async fn write(store: &SnapshotStore, at: &str, records: usize, state: &str) -> SnapshotId {
+    let id = SnapshotId::new(at.parse().unwrap());
+    let mut encoder = PayloadEncoder::new(3).unwrap();
+    let mut payload = Vec::new();
+    for i in 0..records {
+        encoder.push(&record(i, &format!(r#"{{"state":"{state}"}}"#))).unwrap();
+        payload.extend(encoder.take_output());
+    }
+    let (tail, summary) = encoder.finish().unwrap();
+    payload.extend(tail);
+    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
+    let capture = restatus::format::CaptureSummary::empty();
+    let manifest = Manifest::new(store.cluster_id(), id.clone(), at.parse().unwrap(), "test", capture, summary);
+    store.put_manifest(&manifest).await.unwrap();
+    id
+}
+
+/// Runs the binary with `args` and nothing from this environment (no `RESTATUS_*`).
+fn restatus(storage: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_restatus"));
+    cmd.env_clear().args(["--storage", storage, "--cluster-id", "c"]).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run restatus")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Parses stdout as one document of `format`; JSON must be pretty-printed.
+fn document(out: &Output, format: &str, what: &str) -> Value {
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{what} -o {format}: {stderr}");
+    match format {
+        "json" => {
+            assert!(stdout.trim_end().contains('\n'), "{what}: pretty JSON: {stdout}");
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{what}: not one JSON document ({e}): {stdout}"))
+        }
+        _ => serde_saphyr::from_str(&stdout).unwrap_or_else(|e| panic!("{what}: not YAML ({e}): {stdout}")),
+    }
+}
+
+fn file_storage(dir: &Path) -> String {
+    format!("file://{}", dir.display())
+}
+
+#[tokio::test]
+async fn every_snapshots_command_prints_one_document_that_parses_in_json_and_yaml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = file_storage(tmp.path());
+    let store = SnapshotStore::open(&storage, "c").unwrap();
+    let first = write(&store, "2026-11-30T08:00:00Z", 3, "Available").await;
+    write(&store, "2026-11-30T09:00:00Z", 3, "Reserved").await;
+    let newest = write(&store, "2026-11-30T10:00:00Z", 2, "Reserved").await;
+    let (first, newest) = (first.to_string(), newest.to_string());
+    for format in ["json", "yaml"] {
+        let run = |args: &[&str]| {
+            let mut args = args.to_vec();
+            args.extend(["-o", format]);
+            document(&restatus(&storage, &args, &[]), format, &args.join(" "))
+        };
+        assert_eq!(run(&["snapshots", "list"]).as_array().map(Vec::len), Some(3));
+        assert_eq!(run(&["snapshots", "clusters"])[0]["newest"], newest.as_str());
+        assert_eq!(run(&["snapshots", "show", "latest"])["snapshotId"], newest.as_str());
+        assert_eq!(run(&["snapshots", "show", &first, "--objects"]).as_array().map(Vec::len), Some(3));
+        let diff = run(&["snapshots", "diff", &first, "latest"]);
+        assert_eq!(
+            (diff["changed"].as_array().map(Vec::len), diff["onlyInA"].as_array().map(Vec::len)),
+            (Some(2), Some(1))
+        );
+        let verify = run(&["snapshots", "verify", "latest"]);
+        assert_eq!((&verify["snapshot"], &verify["ok"]), (&Value::from(newest.as_str()), &Value::Bool(true)));
+        let plan = run(&["snapshots", "prune", "--keep-last", "2", "--dry-run"]);
+        assert_eq!(plan["dryRun"], true);
+        assert_eq!(plan["deletions"][0]["id"], first.as_str(), "{plan}");
+        assert_eq!(plan["deletions"][0]["reason"], "beyond the newest 2");
+    }
+    assert_eq!(store.list().await.unwrap().len(), 3, "a dry run deletes nothing");
+
+    // The table: prune's lines on stderr, as before; stdout empty.
+    let table = restatus(&storage, &["snapshots", "prune", "--keep-last", "2", "--dry-run"], &[]);
+    assert!(table.stdout.is_empty() && text(&table.stderr).contains(&format!("would delete {first}")));
+
+    let pruned =
+        document(&restatus(&storage, &["snapshots", "prune", "--keep-last", "2", "-o", "yaml"], &[]), "yaml", "prune");
+    assert_eq!((&pruned["dryRun"], &pruned["deletions"][0]["id"]), (&Value::Bool(false), &Value::from(first.as_str())));
+    assert_eq!(store.list().await.unwrap().len(), 2);
+}
+
+/// F92, B62, B63 through the binary: what was deleted is said (a table line or a document), the
+/// newest snapshot is kept without --force, `latest` is a usage error and a missing id exit 1.
+#[tokio::test]
+async fn snapshots_delete_says_what_it_deleted_and_refuses_the_newest_without_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = file_storage(tmp.path());
+    let store = SnapshotStore::open(&storage, "c").unwrap();
+    let first = write(&store, "2026-11-30T08:00:00Z", 3, "Available").await.to_string();
+    let second = write(&store, "2026-11-30T09:00:00Z", 3, "Reserved").await.to_string();
+    let newest = write(&store, "2026-11-30T10:00:00Z", 3, "Reserved").await.to_string();
+
+    let deleted = document(&restatus(&storage, &["snapshots", "delete", &first, "-o", "json"], &[]), "json", "delete");
+    assert_eq!(deleted["snapshot"], first.as_str());
+    assert!(deleted["url"].as_str().is_some_and(|u| u.ends_with(&format!("/c/{first}/"))), "{deleted}");
+    let names: Vec<&str> = deleted["files"].as_array().unwrap().iter().filter_map(|f| f["name"].as_str()).collect();
+    assert_eq!(names, ["manifest.json", "payload.jsonl.zst"]);
+    assert!(!tmp.path().join("c").join(&first).join("payload.jsonl.zst").exists());
+
+    let table = restatus(&storage, &["snapshots", "delete", &second], &[]);
+    assert_eq!(table.status.code(), Some(0), "{}", text(&table.stderr));
+    let line = text(&table.stdout);
+    assert!(line.starts_with(&format!("deleted snapshot {second} (")) && line.contains("manifest.json ("), "{line}");
+
+    let refused = restatus(&storage, &["snapshots", "delete", &newest], &[]);
+    let err = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("snapshot {newest}: not deleted: it is the newest complete")), "{err}");
+    assert_eq!(err.matches("not deleted").count(), 1, "printed once: {err}");
+    let latest = restatus(&storage, &["snapshots", "delete", "latest"], &[]);
+    assert_eq!(latest.status.code(), Some(2), "a usage error: {}", text(&latest.stderr));
+    assert!(text(&latest.stderr).contains("`latest` is not taken here"), "{}", text(&latest.stderr));
+    let missing = restatus(&storage, &["snapshots", "delete", &first], &[]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains(&format!("snapshot {first}: not deleted: no such snapshot")));
+    assert_eq!(store.list().await.unwrap().len(), 1, "the newest is left");
+
+    let forced = document(
+        &restatus(&storage, &["snapshots", "delete", &newest, "--force", "-o", "yaml"], &[]),
+        "yaml",
+        "delete --force",
+    );
+    assert_eq!((&forced["snapshot"], &forced["forced"]), (&Value::from(newest.as_str()), &Value::Bool(true)));
+    assert!(store.list().await.unwrap().is_empty());
+}
+
+/// B64: a command line the parser refuses exits 2; with `--log-format json` (or
+/// `RESTATUS_LOG_FORMAT=json`) its error is one JSON log line, so stderr stays JSON lines.
+#[test]
+fn a_usage_error_is_a_json_line_with_json_logs() {
+    let json_line = |out: &Output, what: &str| -> Value {
+        assert_eq!(out.status.code(), Some(2), "{what}: {}", text(&out.stderr));
+        let lines: Vec<Value> = text(&out.stderr)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: stderr line not JSON ({e}): {l}")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{what}: one line: {lines:?}");
+        assert_eq!(lines[0]["level"], "ERROR", "{what}");
+        lines.into_iter().next().unwrap()
+    };
+    let bad = ["snapshots", "list", "--bogus"];
+    let flag: Vec<&str> = ["--log-format", "json"].into_iter().chain(bad).collect();
+    let line = json_line(&restatus("memory://", &flag, &[]), "--log-format json");
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("unexpected argument '--bogus' found") && error.contains("Usage:"), "{line}");
+    let line = json_line(&restatus("memory://", &bad, &[("RESTATUS_LOG_FORMAT", "json")]), "RESTATUS_LOG_FORMAT");
+    assert!(line["error"].as_str().unwrap_or_default().contains("--bogus"), "{line}");
+    let line = json_line(
+        &restatus("memory://", &["--log-format=json", "snapshots", "delete", "latest"], &[]),
+        "delete latest",
+    );
+    assert!(line["error"].as_str().unwrap_or_default().contains("`latest` is not taken here"), "{line}");
+
+    // Plain logs: clap's own message, exit 2, as before; --help still prints to stdout, exit 0.
+    let plain = restatus("memory://", &bad, &[]);
+    assert_eq!(plain.status.code(), Some(2));
+    assert!(text(&plain.stderr).starts_with("error: unexpected argument '--bogus'"), "{}", text(&plain.stderr));
+    let help = restatus("memory://", &["--log-format", "json", "--help"], &[]);
+    assert_eq!(help.status.code(), Some(0));
+    let help = text(&help.stdout);
+    assert!(help.contains("2 the command line was not understood") && help.contains("3 backup"), "{help}");
+}
