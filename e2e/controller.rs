@@ -15,8 +15,8 @@ use serde_json::json;
 
 use crate::bed::{
     Bed, CountingProxy, ExtraApiServer, InjectedPolicy, QUIESCE_PATCH, TARGET, assert_stopped_cleanly, assert_success,
-    audit_events, ensure_namespace, fleet_state, foreign_patches, forge, generate_keys, merge_patch, simulate_move,
-    stderr, stdout, unique, wait_some_restored,
+    audit_events, ensure_namespace, fleet_state, foreign_patches, forge, generate_age_keys, generate_keys, merge_patch,
+    simulate_move, stderr, stdout, unique, wait_some_restored,
 };
 
 struct Controller {
@@ -574,8 +574,10 @@ fn audited_writes(events: &[serde_json::Value], users: &[&str]) -> Vec<AuditedWr
 /// F63: one writer at a time, even when the leader is slow. Two replicas, each with a token of
 /// its own on a kube-apiserver of the test's own on the target's etcd that audits every write
 /// of theirs. The leader (lease of 6 s, eight objects at a time) is SIGSTOPped in the middle of a
-/// moved fleet, stays stopped until the standby has taken the lease over and made its first
-/// write, then is SIGCONTed. It must find its lease over before it sends anything: by the
+/// moved fleet, and three statuses it had restored are lost then (so the standby has writes to
+/// make even if the leader was through, and the stopped leader has events waiting), stays
+/// stopped until the standby has taken the lease over and made its first write, then is
+/// SIGCONTed. It must find its lease over before it sends anything: by the
 /// audit log, no write of the stale leader was received after the new leader's first one. It
 /// steps down (exits non-zero, "stepped down"), and the new leader restores and releases the
 /// whole fleet. The window over which "no write" is proved is the stale leader's whole life
@@ -651,6 +653,19 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_after_the_new_leader_beg
     };
     signal("-STOP", a.child.id());
     let stopped = Instant::now();
+    // A may have restored the whole fleet before the stop (a few seconds' work): three statuses
+    // lost now give the new leader writes to make whatever A left, and give the stale leader
+    // watch events it must not act on after its SIGCONT.
+    let at_stop = fleet_state(&bed.target().await, &spec.name).await;
+    let restored_at_stop: Vec<String> = at_stop
+        .iter()
+        .filter(|(_, (_, annotations))| annotations.contains_key(RESTORED_FROM_ANNOTATION))
+        .filter_map(|(key, _)| key.strip_prefix("Server ").map(str::to_string))
+        .collect();
+    eprintln!("A stopped with {} of {} objects restored", restored_at_stop.len(), at_stop.len());
+    for server in restored_at_stop.iter().take(3) {
+        wipe_status(&bed, server).await;
+    }
     // Stopped until the new leader wrote (taking the lease over takes 6 s and a look or two).
     let deadline = stopped + Duration::from_secs(60);
     while !audited_writes(&audit_events(&audit_log), &[user_b]).iter().any(|w| w.what.contains(&spec.name)) {
@@ -1586,5 +1601,60 @@ async fn signed_snapshots_the_controller_passes_over_forgeries_and_keeps_the_sig
     }
     assert!(log.lines().any(|l| l.contains("using snapshot") && l.contains(&key_id)), "the signer is logged:\n{log}");
     assert!(!log.contains("PRIVATE KEY") && !log.contains("PUBLIC KEY"), "key material in the log:\n{log}");
+    assert!(controller.stop().await.success(), "controller exit on SIGTERM");
+}
+
+/// F80, F81 (the controller): the target's controller holds the decryption key and restores a
+/// moved fleet from an encrypted snapshot; a newer snapshot encrypted to another recipient,
+/// appearing while it runs, is passed over, named ("does not decrypt"): the snapshot in use is
+/// kept, and a status wiped after that comes back from it. No key material in its log.
+#[tokio::test]
+async fn encrypted_snapshots_the_controller_decrypts_with_its_key_and_passes_over_what_it_cannot() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (key, _, recipient) = generate_age_keys(&bed, "controller-side");
+    let (_, _, other) = generate_age_keys(&bed, "elsewhere");
+    let spec = FleetSpec::new(&unique("enc"), 3, 3, 1);
+    fleet::create(&bed.source().await, &spec, 8).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    let out = bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector, "--encrypt-to", &recipient]);
+    assert_success(&out, "encrypted backup");
+    let sealed = stdout(&out).trim().to_string();
+
+    let lease_ns = lease_namespace(&bed).await;
+    let key = key.display().to_string();
+    let controller = Controller::start_with(
+        &bed,
+        &bed.target_kubeconfig,
+        &storage,
+        &spec.name,
+        &selector,
+        &lease_ns,
+        &["--decryption-key", &key],
+    );
+    controller.wait_ready().await;
+    wait_logged(&controller, &["using snapshot", &sealed], Duration::from_secs(30)).await;
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+
+    // A newer snapshot the controller cannot decrypt: passed over at the next refresh, named.
+    let out = bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector, "--encrypt-to", &other]);
+    assert_success(&out, "backup encrypted to another recipient");
+    let foreign = stdout(&out).trim().to_string();
+    wait_logged(&controller, &[foreign.as_str(), "does not decrypt"], Duration::from_secs(30)).await;
+    let server = fleet_state(&bed.source().await, &spec.name)
+        .await
+        .into_keys()
+        .find_map(|k| k.strip_prefix("Server ").map(str::to_string))
+        .unwrap();
+    wipe_status(&bed, &server).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
+    let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+    assert!(
+        !log.lines().any(|l| l.contains("using snapshot") && l.contains(&foreign)),
+        "adopted a snapshot it cannot read:\n{log}"
+    );
+    assert!(!log.contains("AGE-SECRET-KEY"), "key material in the log:\n{log}");
     assert!(controller.stop().await.success(), "controller exit on SIGTERM");
 }
