@@ -11,8 +11,9 @@
 //! dirty: one may be waiting for it; a Server whose status changes makes the claims it keeps
 //! ignored dirty: one may be waiting for it to be Reserved for it.
 //!
-//! The watches queue their changes in a bounded channel (a full one makes them stop reading),
-//! and dirty objects are reconciled in chunks, those that changed before those only woken and
+//! The watches queue their changes in a bounded channel (a full one makes them stop reading);
+//! the events of the controller's own writes (known by the resourceVersions they made) update
+//! the index but make nothing dirty; and dirty objects are reconciled in chunks, those that changed before those only woken and
 //! the most recent first, so that an object arriving during a mass arrival waits for one chunk,
 //! not for the backlog.
 //!
@@ -44,7 +45,7 @@ use crate::{Error, Result};
 use context::refresh_snapshot;
 pub use context::{Context, ControllerOptions};
 use index::{LiveIndex, Uid};
-use reconcile::Next;
+use reconcile::{Done, Next};
 use retry::{FIRST_RETRY, Retries};
 use watch::{Change, watch_kind};
 
@@ -62,6 +63,10 @@ struct Loop {
     /// A Server's status changed since the last batch: a held claim may wait for it to be
     /// Reserved for it.
     server_changed: bool,
+    /// The resourceVersions the last reconcile of an object wrote, whose watch events are yet
+    /// to come: those events are its own writes' echoes and make nothing dirty (each write of
+    /// a restore made three, and each planned again as "already equal").
+    echoes: HashMap<Uid, Vec<String>>,
 }
 
 impl Loop {
@@ -74,6 +79,7 @@ impl Loop {
             listed: HashSet::new(),
             partner_arrived: false,
             server_changed: false,
+            echoes: HashMap::new(),
         }
     }
 
@@ -89,8 +95,11 @@ impl Loop {
                 } else if object.kind == "Server" && self.live.status_changed(&object) {
                     self.server_changed = true;
                 }
+                let echo = self.is_echo(&object.uid, &object.resource_version);
                 let uid = self.live.upsert(*object);
-                self.changed(uid);
+                if !echo {
+                    self.changed(uid);
+                }
             }
             Change::Delete(uid) => self.forget(&uid),
             Change::Listed { kind, uids } => {
@@ -120,6 +129,27 @@ impl Loop {
         }
     }
 
+    /// Whether an event with `version` of the object is the echo of a write its last reconcile
+    /// made. Events of an object come in order: one carrying a later write's version passes the
+    /// earlier ones, and one carrying a version not written here (another writer, or a re-list
+    /// after a write of its own) ends the wait for echoes.
+    fn is_echo(&mut self, uid: &str, version: &str) -> bool {
+        let Some(versions) = self.echoes.get_mut(uid) else { return false };
+        match versions.iter().position(|v| v == version) {
+            Some(at) => {
+                versions.drain(..=at);
+                if versions.is_empty() {
+                    self.echoes.remove(uid);
+                }
+                true
+            }
+            None => {
+                self.echoes.remove(uid);
+                false
+            }
+        }
+    }
+
     /// Marks an object dirty because it changed (or appeared): reconciled before those woken.
     fn changed(&mut self, uid: Uid) {
         let pending = self.dirty.entry(uid).or_insert_with(|| Pending { seen: Instant::now(), changed: true });
@@ -137,6 +167,7 @@ impl Loop {
 
     fn forget(&mut self, uid: &str) {
         self.dirty.remove(uid);
+        self.echoes.remove(uid);
         self.retries.settled(uid);
         self.live.remove(uid);
     }
@@ -152,9 +183,16 @@ impl Loop {
         let dirty = next_chunk(&mut self.dirty, chunk_size(ctx.options.concurrency));
         for (uid, next) in reconcile::process(ctx, &self.kinds, &self.live, &self.retries, dirty, stopping).await {
             match next {
-                Ok(Next::Settled) => self.retries.settled(&uid),
-                Ok(Next::Retry) => {
-                    self.retries.failed(&uid, Instant::now());
+                Ok(Done { next, wrote }) => {
+                    if !wrote.is_empty() {
+                        self.echoes.insert(uid.clone(), wrote);
+                    }
+                    match next {
+                        Next::Settled => self.retries.settled(&uid),
+                        Next::Retry => {
+                            self.retries.failed(&uid, Instant::now());
+                        }
+                    }
                 }
                 Err(e) => {
                     ctx.metrics.errors.inc();
@@ -469,6 +507,39 @@ mod tests {
         assert_eq!(state.dirty["a"], Pending { seen, changed: true });
         state.wake([Uid::from("a")]);
         assert_eq!(state.dirty["a"], Pending { seen, changed: true });
+    }
+
+    /// Issue 22: the watch events of an object's own writes (quiesce, status, release) make
+    /// nothing dirty, whichever of them arrive; an event of another writer does, and ends the
+    /// wait for echoes; a Server's own status write still wakes the claims held for it.
+    #[tokio::test]
+    async fn the_echoes_of_its_own_writes_make_nothing_dirty() {
+        let ctx = context();
+        let mut state = state(&ctx);
+        let at = |version: &str, status: Option<serde_json::Value>| {
+            let mut server = fixtures::live("Server", "s", &[uuid("s")], status);
+            server.resource_version = version.into();
+            Change::Upsert(Box::new(server.compact()))
+        };
+        state.apply(&ctx, at("1", None));
+        state.dirty.clear();
+        state.echoes.insert("s".into(), ["2", "3", "4"].map(String::from).to_vec());
+        // The quiesce's echo is lost (a watch resumed past it): the status write's passes it.
+        state.apply(&ctx, at("3", Some(serde_json::json!({"state": "Reserved"}))));
+        assert!(state.dirty.is_empty() && state.server_changed, "an echo: not dirty, but held claims are woken");
+        assert_eq!(state.echoes["s"], ["4"]);
+        state.apply(&ctx, at("4", Some(serde_json::json!({"state": "Reserved"}))));
+        assert!(state.dirty.is_empty() && state.echoes.is_empty(), "the last echo ends the wait");
+        state.apply(&ctx, at("5", Some(serde_json::json!({"state": "Available"}))));
+        assert!(state.dirty.contains_key("s"), "another writer's change is reconciled");
+
+        state.dirty.clear();
+        state.echoes.insert("s".into(), ["7", "8"].map(String::from).to_vec());
+        state.apply(&ctx, at("6", None));
+        assert!(state.dirty.contains_key("s") && state.echoes.is_empty(), "not one of its writes: dirty, wait over");
+        state.echoes.insert("s".into(), ["9"].map(String::from).to_vec());
+        state.apply(&ctx, Change::Delete("s".into()));
+        assert!(state.echoes.is_empty(), "a deleted object's echoes are forgotten");
     }
 
     /// Issue 21, item 4: a claim restatus holds until its Server is Reserved for it is tried

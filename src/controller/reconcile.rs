@@ -29,6 +29,21 @@ pub(super) enum Next {
     Retry,
 }
 
+/// What became of a dirty object: what the main loop does next with it, and the
+/// resourceVersions its writes made (the watch events that carry them are echoes of this
+/// reconcile: nothing to reconcile again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Done {
+    pub next: Next,
+    pub wrote: Vec<String>,
+}
+
+impl From<Next> for Done {
+    fn from(next: Next) -> Self {
+        Done { next, wrote: vec![] }
+    }
+}
+
 /// Plans and applies every dirty object, kinds in profile order. Returns each object's uid and
 /// what became of it; an error waits for a retry after a backoff, as [`Next::Retry`] does.
 pub(super) async fn process(
@@ -38,7 +53,7 @@ pub(super) async fn process(
     retries: &Retries,
     dirty: HashMap<Uid, Instant>,
     stopping: &AtomicBool,
-) -> Vec<(Uid, Result<Next>)> {
+) -> Vec<(Uid, Result<Done>)> {
     let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
     let mut results = Vec::with_capacity(dirty.len());
     for kind in kinds {
@@ -49,7 +64,7 @@ pub(super) async fn process(
             .collect();
         // In payload order: each frame of the payload is decompressed once.
         uids.sort_unstable();
-        let done: Vec<(Uid, Result<Next>)> = stream::iter(uids)
+        let done: Vec<(Uid, Result<Done>)> = stream::iter(uids)
             .take_while(|_| future::ready(!stopping.load(Ordering::Relaxed)))
             .map(|(_, uid, seen)| {
                 let snapshot = snapshot.clone();
@@ -74,8 +89,8 @@ async fn reconcile_uid(
     snapshot: &SnapshotIndex,
     live: &LiveIndex,
     dirty: Dirty<'_>,
-) -> Result<Next> {
-    let Some(neighbourhood) = live.neighbourhood(dirty.uid, snapshot) else { return Ok(Next::Settled) };
+) -> Result<Done> {
+    let Some(neighbourhood) = live.neighbourhood(dirty.uid, snapshot) else { return Ok(Next::Settled.into()) };
     let (records, objects) = neighbourhood?;
     let servers = bmc_servers(kind, snapshot, live, &objects, dirty.uid)?;
     reconcile(ctx, kind, snapshot, (&records, &objects, &servers), dirty).await
@@ -115,7 +130,7 @@ async fn reconcile(
     snapshot: &SnapshotIndex,
     (records, objects, servers): (&Records, &[LiveObject], &[ServerIdentity]),
     Dirty { uid, seen, failing }: Dirty<'_>,
-) -> Result<Next> {
+) -> Result<Done> {
     let manifest = &snapshot.manifest;
     let input = PlanInput {
         profile: &ctx.options.profile,
@@ -128,17 +143,17 @@ async fn reconcile(
     };
     let plan = plan::plan(&input)?;
     let mine = |i: &&plan::PlanItem| i.live.is_some_and(|l| objects[l].uid == uid);
-    let Some(item) = plan.items.iter().find(mine) else { return Ok(Next::Settled) };
+    let Some(item) = plan.items.iter().find(mine) else { return Ok(Next::Settled.into()) };
     ctx.metrics.decided(item.verdict);
     if failing && item.verdict == Verdict::NotInSnapshot && item.release {
         // Its restore failed; a newer snapshot without its record does not make it safe to
         // hand over bare. It stays quiesced (and retried) until a snapshot restores it or a
         // person removes the ignore.
         info!(uid, "keeping restatus's ignore: its restore failed and this snapshot has no record for it");
-        return Ok(Next::Retry);
+        return Ok(Next::Retry.into());
     }
     if !item.writes() {
-        return Ok(Next::Settled);
+        return Ok(Next::Settled.into());
     }
     let writer = ctx.writer.get_or_try_init(|| Writer::new(&ctx.client, &ctx.options.profile)).await?;
     let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
@@ -152,5 +167,5 @@ async fn reconcile(
         ctx.metrics.restore_latency.observe(seen.elapsed().as_secs_f64());
         info!(object = %outcome.object, snapshot = %manifest.snapshot_id, "status restored");
     }
-    Ok(Next::Settled)
+    Ok(Done { next: Next::Settled, wrote: outcome.versions })
 }

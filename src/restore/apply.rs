@@ -62,6 +62,10 @@ pub struct Outcome {
     /// The object's pairing side as the API server answered the last write.
     #[serde(skip)]
     pub after: Option<View>,
+    /// The resourceVersion each write made, in order: the watch events that carry them are
+    /// this restore's own (see `controller`).
+    #[serde(skip)]
+    pub versions: Vec<String>,
 }
 
 /// Applies plan items from one snapshot. Shared by the one-shot restore and the controller.
@@ -182,7 +186,16 @@ impl<'a> Applier<'a> {
                     name: String::new(),
                 });
                 let error = Some("plan item without a live object: nothing to write".into());
-                Outcome { object, verdict: item.verdict, writes: 0, reason: None, held: None, error, after: None }
+                Outcome {
+                    object,
+                    verdict: item.verdict,
+                    writes: 0,
+                    reason: None,
+                    held: None,
+                    error,
+                    after: None,
+                    versions: vec![],
+                }
             }
         }
     }
@@ -203,9 +216,19 @@ impl<'a> Applier<'a> {
             held: sequence.held.take(),
             error: None,
             after: None,
+            versions: std::mem::take(&mut sequence.versions),
         };
         match result {
-            Ok(answer) => outcome.after = answer.as_deref().and_then(|json| pairing_view(kind, json)),
+            Ok(answer) => {
+                if let Some(stored) = answer.as_deref().and_then(|json| RawObject::parse(json).ok()) {
+                    outcome.after = View::of(kind, &stored);
+                    if let Some(version) =
+                        stored.meta.resource_version.filter(|v| outcome.versions.last().is_none_or(|l| l != v))
+                    {
+                        outcome.versions.push(version.to_string());
+                    }
+                }
+            }
             Err(Error::Kube { source: kube::Error::Api(status), .. }) if status.is_not_found() => {
                 info!(object = %outcome.object, "object deleted during the restore; nothing to do");
                 outcome.verdict = Verdict::MissingOnTarget;
@@ -217,10 +240,6 @@ impl<'a> Applier<'a> {
         }
         outcome
     }
-}
-
-fn pairing_view(kind: &KindProfile, json: &str) -> Option<View> {
-    RawObject::parse(json).ok().and_then(|o| View::of(kind, &o))
 }
 
 /// One object's writes, in order: quiesce, write status, release. Holds the object as last
@@ -244,6 +263,9 @@ struct WriteSequence<'a> {
     /// Fields of the record's status that the target's schema did not keep.
     dropped: Vec<String>,
     writes: usize,
+    /// The resourceVersions of the quiesce and the status write (the last write's answer is
+    /// the outcome's).
+    versions: Vec<String>,
 }
 
 /// How many dropped fields an outcome names.
@@ -264,6 +286,7 @@ impl<'a> WriteSequence<'a> {
             refused: false,
             dropped: vec![],
             writes: 0,
+            versions: vec![],
         }
     }
 
@@ -389,6 +412,7 @@ impl<'a> WriteSequence<'a> {
         let patched = self.applier.writer.merge_patch(self.kind, &self.current, None, &body).await?;
         let version = RawObject::parse(&patched).ok().and_then(|o| o.meta.resource_version.map(|v| v.to_string()));
         self.current.resource_version = version.unwrap_or_default();
+        self.versions.push(self.current.resource_version.clone());
         for (key, value) in changes {
             if let Value::String(value) = value {
                 self.current.annotations.insert(key, value);
@@ -430,6 +454,7 @@ impl<'a> WriteSequence<'a> {
         // The release that follows is conditional on the version the status write made.
         if let Some(version) = answer.as_ref().ok().and_then(|a| RawObject::parse(a).ok()?.meta.resource_version) {
             self.current.resource_version = version.to_string();
+            self.versions.push(self.current.resource_version.clone());
         }
         Ok(answer)
     }
@@ -923,6 +948,7 @@ mod tests {
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
+        assert_eq!(outcome.versions, ["2", "3", "4"], "the versions its writes made: their watch events are echoes");
         let Some(View::Server(after)) = outcome.after else { panic!("no pairing view: {:?}", outcome.after) };
         assert_eq!(after.state, "Reserved");
     }
