@@ -55,6 +55,15 @@ pub struct Context {
     pub(super) leading: AtomicBool,
     /// Kinds that cannot be watched now, with why.
     unavailable: std::sync::Mutex<BTreeMap<String, String>>,
+    /// What the reconciles wrote since the last summary Events (see `reconcile::summarize`).
+    pub(super) summaries: std::sync::Mutex<Summaries>,
+}
+
+/// The objects written per kind and snapshot since the last summary Events, and since when.
+#[derive(Debug, Default)]
+pub(super) struct Summaries {
+    pub by_kind: BTreeMap<(String, String), crate::restore::summary::KindSummary>,
+    pub since: Option<std::time::Instant>,
 }
 
 impl Context {
@@ -85,6 +94,7 @@ impl Context {
             synced: AtomicBool::new(false),
             leading: AtomicBool::new(false),
             unavailable: Default::default(),
+            summaries: Default::default(),
         })
     }
 

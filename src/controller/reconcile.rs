@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, future, stream};
 use tracing::info;
@@ -160,6 +160,12 @@ async fn reconcile(
         .with_snapshot_records(&snapshot.records, &snapshot.system_servers)
         .with_live_servers(servers);
     let outcome = applier.apply_item(kind, item, objects).await;
+    {
+        let mut summaries = ctx.summaries.lock().unwrap_or_else(|e| e.into_inner());
+        summaries.since.get_or_insert_with(Instant::now);
+        let key = (kind.kind.clone(), manifest.snapshot_id.to_string());
+        summaries.by_kind.entry(key).or_default().add(&outcome);
+    }
     if let Some(reason) = outcome.error {
         return Err(Error::RestoreFailed { object: outcome.object.to_string(), reason });
     }
@@ -168,4 +174,29 @@ async fn reconcile(
         info!(object = %outcome.object, snapshot = %manifest.snapshot_id, "status restored");
     }
     Ok(Done { next: Next::Settled, wrote: outcome.versions })
+}
+
+/// How long a long restore goes between summary Events.
+const SUMMARY_EVERY: Duration = Duration::from_secs(60);
+
+/// Publishes one summary Event per kind and snapshot for what the reconciles wrote since the
+/// last ones, once there is nothing left to reconcile (`drained`), or every
+/// [`SUMMARY_EVERY`] while a long restore goes on; objects that need attention have Events of
+/// their own (see `restore::apply`).
+pub(super) async fn summarize(ctx: &Context, kinds: &[KindProfile], drained: bool) {
+    let due = {
+        let mut summaries = ctx.summaries.lock().unwrap_or_else(|e| e.into_inner());
+        let ready = summaries.since.is_some_and(|since| drained || since.elapsed() >= SUMMARY_EVERY);
+        if !ready {
+            return;
+        }
+        summaries.since = None;
+        std::mem::take(&mut summaries.by_kind)
+    };
+    let Some(writer) = ctx.writer.get() else { return };
+    for ((kind, snapshot), summary) in due.iter().filter(|(_, s)| !s.is_empty()) {
+        if let Some(kind) = kinds.iter().find(|k| &k.kind == kind) {
+            writer.summary_event(kind, &summary.event(&kind.plural, snapshot)).await;
+        }
+    }
 }

@@ -39,6 +39,33 @@ pub fn reference(kind: &KindProfile, namespace: Option<&str>, name: &str, uid: &
     }
 }
 
+/// The reference of an Event about a whole kind: its CustomResourceDefinition.
+pub fn crd_reference(kind: &KindProfile) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("apiextensions.k8s.io/v1".into()),
+        kind: Some("CustomResourceDefinition".into()),
+        name: Some(match kind.group.as_str() {
+            "" => kind.plural.clone(),
+            group => format!("{}.{group}", kind.plural),
+        }),
+        ..Default::default()
+    }
+}
+
+/// An Event's note as the API server takes it: at most 1 KiB, cut at a character boundary.
+pub fn note(mut text: String) -> String {
+    const MAX: usize = 1024;
+    if text.len() > MAX {
+        let mut end = MAX - '…'.len_utf8();
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 /// Publishes `event`; a failure is logged, never fatal (an Event is a courtesy to people).
 pub async fn publish(recorder: &Recorder, event: &Event, reference: &ObjectReference) {
     if let Err(e) = recorder.publish(event, reference).await {

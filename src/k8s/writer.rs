@@ -178,6 +178,14 @@ impl Writer {
         events::publish_once(&self.client, &self.reporter, event, &reference).await;
     }
 
+    /// Publishes an Event summing up a restore of `kind`'s objects, about the kind's
+    /// CustomResourceDefinition (cluster-scoped: the Event is in the `default` namespace), so
+    /// that `kubectl get events --field-selector regarding.name=<plural>.<group>` finds it.
+    pub async fn summary_event(&self, kind: &KindProfile, event: &Event) {
+        let reference = events::crd_reference(kind);
+        events::publish_once(&self.client, &self.reporter, event, &reference).await;
+    }
+
     /// Reads the object again, raw.
     pub async fn get(&self, kind: &KindProfile, object: &LiveObject) -> Result<String> {
         let context = || format!("re-read {}", object.object_ref());

@@ -36,7 +36,7 @@ use crate::domain::pairing::{
 };
 use crate::domain::status;
 use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
-use crate::k8s::Writer;
+use crate::k8s::{Writer, events};
 use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
 use crate::{Error, Result};
 
@@ -332,7 +332,10 @@ impl<'a> WriteSequence<'a> {
             true => written,
             false => Some(self.annotate(written.as_deref(), restored, release).await?),
         };
-        if restored || self.refused {
+        // Events are for people: one per object only where it needs attention (refused, restored
+        // in part, kept quiesced); a restore's other objects are counted in its summary Event
+        // (`Writer::summary_event`), and the snapshot restored from is on each object anyway.
+        if self.refused || (restored && (!self.dropped.is_empty() || self.held.is_some())) {
             self.event(item).await;
         }
         Ok(answer)
@@ -706,8 +709,9 @@ impl<'a> WriteSequence<'a> {
         Ok(View::of(self.kind, &object))
     }
 
-    /// The Event of a restore: `StatusRestored`, `StatusPartlyRestored` (the schema dropped
-    /// fields) or `StatusNotRestored` (the target refused it).
+    /// The Event of an object that needs attention: `StatusNotRestored` (the target refused
+    /// it), `StatusPartlyRestored` (the schema dropped fields) or `StatusRestored` with why
+    /// restatus keeps its `ignore` on the object.
     async fn event(&self, item: &PlanItem) {
         let (type_, reason, what) = match (self.refused, self.dropped.is_empty()) {
             (true, _) => (EventType::Warning, "StatusNotRestored", "status not restored from"),
@@ -715,11 +719,13 @@ impl<'a> WriteSequence<'a> {
             (false, true) => (EventType::Normal, "StatusRestored", "status restored from"),
         };
         let note = format!(
-            "{what} snapshot {} ({}){}",
+            "{what} snapshot {} ({}){}{}",
             self.applier.manifest.snapshot_id,
             self.reason.as_deref().unwrap_or(&item.reason),
-            item.source.as_ref().map(|s| format!("; captured from {s}")).unwrap_or_default()
+            item.source.as_ref().map(|s| format!("; captured from {s}")).unwrap_or_default(),
+            self.held.as_ref().map(|h| format!("; kept quiesced: {h}")).unwrap_or_default()
         );
+        let note = events::note(note);
         let event =
             Event { type_, reason: reason.into(), note: Some(note), action: "RestoreStatus".into(), secondary: None };
         self.applier.writer.event(self.kind, &self.current, &event).await;
@@ -944,7 +950,6 @@ mod tests {
             expected.as_object_mut().unwrap().remove("status");
             expected["metadata"].as_object_mut().unwrap().remove("managedFields");
             assert_eq!(body, expected, "the answer to the status write, annotations changed, on its version");
-            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));
@@ -971,7 +976,6 @@ mod tests {
                 OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null,
                 RESTORED_FROM_ANNOTATION: snapshot_id()}}});
             assert_eq!(body, expected, "the annotations alone, on the version read, whatever else changed");
-            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 4, None));
@@ -999,7 +1003,6 @@ mod tests {
             let expected = json!({"metadata": {"uid": "u-1", "resourceVersion": "6", "annotations": {
                 QUIESCED_BY_ANNOTATION: null, OPERATION_WAS_ANNOTATION: null, RESTORED_FROM_ANNOTATION: snapshot_id()}}});
             assert_eq!(body, expected, "the park stays; only restatus's marks go");
-            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 5, None));
@@ -1038,8 +1041,11 @@ mod tests {
                 } else {
                     assert_eq!(annotations[QUIESCED_BY_ANNOTATION], "restatus", "held: {annotations}");
                     assert_eq!(annotations[OPERATION_ANNOTATION], OPERATION_IGNORE, "held: {annotations}");
+                    // Kept quiesced: an Event of its own says why (a plain restore has none).
+                    let (method, path, body) = answer(&mut api, StatusCode::OK, "{}".into()).await;
+                    assert_eq!((method, path.as_str()), (Method::POST, "/apis/events.k8s.io/v1/namespaces/a/events"));
+                    assert!(body["note"].as_str().is_some_and(|n| n.contains("; kept quiesced: waits for")), "{body}");
                 }
-                assert_eq!(echo(&mut api).await.0, Method::POST);
             }
         });
         let writer = Writer::scripted(client, &["ServerClaim"]);
@@ -1257,7 +1263,6 @@ mod tests {
             let (method, path, body) = answer(&mut api, StatusCode::OK, server("4", released, wanted())).await;
             assert_eq!((method, path.as_str()), (Method::PUT, V1BETA1), "the release replaces the answer as it came");
             assert_eq!(body["apiVersion"], "metal.ironcore.dev/v1beta1");
-            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error, outcome.reason), (Verdict::Restore, 3, None, None));
@@ -1373,7 +1378,6 @@ mod tests {
             let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
             let (method, _, _) = answer(&mut api, StatusCode::OK, server("4", released, wanted())).await;
             assert_eq!(method, Method::PUT, "release");
-            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
         })
         .await;
         assert_eq!((outcome.verdict, outcome.writes, outcome.error), (Verdict::Restore, 3, None));

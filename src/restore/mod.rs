@@ -9,6 +9,7 @@
 
 pub mod apply;
 pub mod plan;
+pub mod summary;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use crate::domain::pairing::{View, Views, Violation};
 use crate::format::{SnapshotId, TrustedKeys};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Pager, Writer, list_objects};
 use crate::store::{Accept, Passed, SnapshotStore, choose_snapshot};
+use summary::KindSummary;
 
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {
@@ -252,6 +254,9 @@ async fn restore(
                 info!(kind = %kind.kind, records, writes, elapsed = ?started.elapsed(), "kind restored")
             }
         }
+        if let Some(writer) = writer.as_ref().filter(|_| !applied.summary.is_empty()) {
+            writer.summary_event(kind, &applied.summary.event(&kind.plural, manifest.snapshot_id.as_str())).await;
+        }
         tally.report.writes += applied.writes;
         tally.report.outcomes.extend(applied.outcomes);
         tally.views.merge(applied.views);
@@ -337,12 +342,15 @@ struct Applied {
     writes: usize,
     outcomes: Vec<Outcome>,
     views: Views,
+    /// For the kind's summary Event.
+    summary: KindSummary,
 }
 
 impl Applied {
     fn add(&mut self, mut outcome: Outcome, item: &PlanItem, explain: bool) {
         self.started += 1;
         self.writes += outcome.writes;
+        self.summary.add(&outcome);
         self.views.extend(outcome.after.take());
         let notable = outcome.error.is_some() || outcome.held.is_some() || outcome.verdict != item.verdict;
         if explain || notable {
