@@ -31,7 +31,7 @@ use object_store::{Certificate, ClientOptions, ObjectStore, ObjectStoreExt, PutM
 use tracing::warn;
 use url::Url;
 
-pub use choose::{Accept, Loaded, Passed, choose_newer, choose_snapshot, resolve};
+pub use choose::{Accept, Loaded, Passed, Point, choose_newer, choose_snapshot, resolve};
 pub use retention::{Deletion, RetentionPolicy};
 
 use crate::format::Record;
