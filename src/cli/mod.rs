@@ -148,6 +148,11 @@ pub enum Command {
     },
     /// Reapplies status from the newest good snapshot to the objects of the target cluster.
     Restore(RestoreArgs),
+    /// Journals status changes of the source cluster to the bucket every --journal-interval,
+    /// as segments chained to the newest snapshot, until SIGTERM or Ctrl-C (then a final
+    /// segment of what is pending). A restore reads them: it loses seconds, not a schedule
+    /// interval.
+    Journal(JournalArgs),
     /// Restores status whenever an object of the profile appears or loses its status
     /// (target cluster), with leader election and /metrics, /healthz, /readyz.
     Controller(ControllerArgs),
@@ -181,6 +186,27 @@ pub struct BackupArgs {
     pub zstd_level: i32,
     #[command(flatten)]
     pub retention: RetentionArgs,
+    #[command(flatten)]
+    pub signing: SigningArgs,
+    #[command(flatten)]
+    pub encryption: EncryptionArgs,
+}
+
+#[derive(Args)]
+pub struct JournalArgs {
+    /// How often a segment is written, when some status changed (nothing is written while
+    /// nothing changes).
+    #[arg(long, env = "RESTATUS_JOURNAL_INTERVAL", default_value = "5s", value_parser = positive_duration)]
+    pub journal_interval: Duration,
+    /// How often to look for a newer snapshot to start a new chain on.
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    pub base_refresh: Duration,
+    /// How long to wait for a first snapshot to chain to (then exit 1).
+    #[arg(long, default_value = "10m", value_parser = positive_duration)]
+    pub base_wait: Duration,
+    /// zstd level (1-19).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub zstd_level: i32,
     #[command(flatten)]
     pub signing: SigningArgs,
     #[command(flatten)]
@@ -243,6 +269,11 @@ pub struct RestoreArgs {
     /// Objects written at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Restore to this point in time (RFC 3339, e.g. 2026-12-03T10:15:00Z): the newest snapshot
+    /// captured at or before it, with the journal segments that end at or before it. Default:
+    /// the newest complete point of the newest snapshot's journal.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<jiff::Timestamp>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
