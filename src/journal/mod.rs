@@ -128,7 +128,13 @@ pub async fn run(
         tokio::select! {
             _ = &mut stop => break,
             seen = events.recv() => match seen {
-                Some(seen) => observe(&mut state, &kinds, seen),
+                Some(seen) => {
+                    let before = state.all_listed(&kinds);
+                    observe(&mut state, &kinds, seen);
+                    if !before && state.all_listed(&kinds) {
+                        info!(base = %chain.base.snapshot_id, pending = state.pending(), "every kind listed and diffed against the chain");
+                    }
+                }
                 None => return Err(Error::io("journal watches", std::io::Error::other("every watch ended"))),
             },
             _ = cut_tick.tick() => {
