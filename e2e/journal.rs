@@ -14,13 +14,21 @@ use restatus::format::{Chain, Records, SEGMENT_PAYLOAD_SUFFIX, SnapshotId, choos
 use restatus::store::SnapshotStore;
 use serde_json::{Value, json};
 
-use crate::bed::{Bed, TARGET, assert_success, fleet_state, records, simulate_move, stderr, stdout, unique};
+use crate::bed::{
+    Bed, TARGET, assert_success, fleet_state, generate_keys, records, simulate_move, stderr, stdout, unique,
+};
 
 /// `restatus journal` against the source, its log in a file of the test's own.
 fn start_journal(bed: &Bed, storage: &str, cluster: &str, selector: &str, interval: &str) -> (Child, PathBuf) {
+    start_journal_with(bed, storage, cluster, selector, &["--journal-interval", interval])
+}
+
+fn start_journal_with(bed: &Bed, storage: &str, cluster: &str, selector: &str, args: &[&str]) -> (Child, PathBuf) {
     let log = bed.scratch.path().join(format!("{}.log", unique("journal")));
     let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
-        .args(["journal", "--selector", selector, "--journal-interval", interval, "--kubeconfig"])
+        .args(["journal", "--selector", selector])
+        .args(args)
+        .arg("--kubeconfig")
         .arg(&bed.source_kubeconfig)
         .env("RESTATUS_STORAGE", storage)
         .env("RESTATUS_CLUSTER_ID", cluster)
@@ -250,4 +258,97 @@ async fn the_journal_carries_changes_after_the_snapshot_through_a_move() {
     assert!(gap.starts_with(&expected), "{gap}");
     assert!(gap.contains(&format!("restoring to segment {written} at")), "{gap}");
     assert!(err.contains(&expected), "the log says it too: {err}");
+}
+
+/// A signed journal: when the scheduled backup writes a newer snapshot, the journal starts a new
+/// chain on it, whose first segment holds the change made after that snapshot; its segments
+/// are signed and a restore trusting the key uses them; a segment written by someone without
+/// the key (unsigned, the next of the chain) stops the chain before it, and the restore says so;
+/// without keys nothing is checked.
+#[tokio::test]
+async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refused() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-base"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let (key, public, key_id) = generate_keys(&bed, &unique("journal-key"));
+    let (key, public) = (key.display().to_string(), public.display().to_string());
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let backup = || {
+        let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector, "--signing-key", &key]);
+        assert_success(&out, "backup");
+        stdout(&out).trim().parse::<SnapshotId>().unwrap()
+    };
+    let first = backup();
+    let store = bed.store(&storage, &cluster);
+    let args = ["--journal-interval", "1s", "--base-refresh", "1s", "--signing-key", &key];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let server = spec.server_name(1);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let (_, first_records) = records(&store, first.as_str()).await;
+    let first_records = Records::from_records(first_records);
+    let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
+    wait_point(&store, &first, &first_records, Duration::from_secs(30), blinking).await;
+
+    // The schedule's next snapshot, then a change after it: the journal moves to the new base,
+    // and the new chain's first segment holds the change.
+    let second = backup();
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Lit"})).await;
+    wait_log(&log, "a newer base snapshot", 1, Duration::from_secs(30)).await;
+    let (_, second_records) = records(&store, second.as_str()).await;
+    let second_records = Records::from_records(second_records);
+    let lit = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Lit";
+    let chain = wait_point(&store, &second, &second_records, Duration::from_secs(30), lit).await;
+    assert_eq!(chain.links[0].header.sequence, 1, "a new chain");
+    assert_eq!(chain.links[0].header.base_snapshot_id, second);
+    stop(&mut journal, &log).await;
+    let segments = chain.links.len() as u64;
+
+    // Trusting the key: every segment verifies; the restore (a dry run on the source itself)
+    // goes to the newest point.
+    let trusted = restatus::format::TrustedKeys::load(std::slice::from_ref(&public)).unwrap().unwrap();
+    let verified = store.read_chain(&second, second.timestamp().unwrap(), Some(&trusted)).await.unwrap();
+    assert_eq!((verified.links.len() as u64, verified.stop.clone()), (segments, None));
+    assert!(verified.links.iter().all(|l| l.signer.as_ref().map(|k| k.as_str()) == Some(key_id.as_str())));
+    let dry_run = |extra: &[&str]| {
+        let mut args = vec!["restore", "--dry-run", "--allow-same-cluster", "--selector", &selector, "-o", "json"];
+        args.extend(extra);
+        let out = bed.restatus(&storage, &cluster, &args);
+        assert_success(&out, "restore --dry-run");
+        serde_json::from_str::<Value>(&stdout(&out)).expect("restore -o json")
+    };
+    let report = dry_run(&["--trusted-key", &public]);
+    assert_eq!(report["snapshot"], second.as_str());
+    assert_eq!(report["restoredTo"]["segmentsApplied"], segments, "{}", report["restoredTo"]);
+
+    // A segment by someone without the key: unsigned, the next of the chain, well formed.
+    let mut encoder = restatus::format::PayloadEncoder::new(3).unwrap();
+    let mut forged = second_records.record(0).unwrap();
+    forged.status = serde_json::value::RawValue::from_string(r#"{"state":"Forged"}"#.into()).unwrap();
+    encoder.push(&forged).unwrap();
+    let (bytes, summary) = encoder.finish().unwrap();
+    let last = &verified.links.last().unwrap().header;
+    let mut header = restatus::format::SegmentHeader::new(
+        &cluster,
+        &second,
+        segments + 1,
+        verified.last_sha256(),
+        last.to,
+        jiff::Timestamp::now(),
+        Default::default(),
+        (1, 0),
+        summary,
+        None,
+    );
+    store.put_segment(&mut header, bytes, None).await.unwrap();
+    let report = dry_run(&["--trusted-key", &public]);
+    let point = &report["restoredTo"];
+    assert_eq!(point["segmentsApplied"], segments, "{point}");
+    let gap = point["gap"].as_str().unwrap_or_default();
+    assert!(gap.starts_with(&format!("segment {} of base {second}: signature refused", segments + 1)), "{gap}");
+    // Without keys nothing is checked: the unsigned segment is used (as unsigned snapshots are).
+    assert_eq!(dry_run(&[])["restoredTo"]["segmentsApplied"], segments + 1);
 }
