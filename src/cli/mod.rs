@@ -533,11 +533,31 @@ mod tests {
             &["restatus", "controller", "--snapshot-timeout", "0s"],
             &["restatus", "controller", "--role", "source", "--interval", "0s"],
             &["restatus", "preflight", "--wait", "--timeout", "0s"],
+            &["restatus", "journal", "--journal-interval", "0s"],
+            &["restatus", "journal", "--base-refresh", "0s"],
         ] {
             let err = Cli::try_parse_from(flags).err().expect("refused");
             assert!(err.to_string().contains("must be greater than zero"), "{flags:?}: {err}");
         }
         assert!(Cli::try_parse_from(["restatus", "controller", "--snapshot-refresh", "1s"]).is_ok());
+    }
+
+    #[test]
+    fn a_point_in_time_is_rfc_3339() {
+        for at in ["yesterday", "2026-12-03", "2026-12-03 10:00", "1764756000"] {
+            assert!(Cli::try_parse_from(["restatus", "restore", "--at", at]).is_err(), "{at}");
+        }
+        for (at, utc) in [
+            ("2026-12-03T10:00:00Z", "2026-12-03T10:00:00Z"),
+            ("2026-12-03T11:00:00.5+01:00", "2026-12-03T10:00:00.5Z"),
+        ] {
+            let Ok(Cli { command: Command::Restore(args), .. }) =
+                Cli::try_parse_from(["restatus", "restore", "--at", at])
+            else {
+                panic!("{at} refused");
+            };
+            assert_eq!(args.at, Some(utc.parse::<jiff::Timestamp>().unwrap()), "{at}");
+        }
     }
 
     #[test]

@@ -172,6 +172,15 @@ async fn choose(
             }
         }
     }
+    if let Some(at) = accept.at
+        && passed_over.is_empty()
+    {
+        return Err(Error::NoSnapshot {
+            cluster: store.cluster_id().to_string(),
+            location: store.location().to_string(),
+            known: format!(" captured at or before {at} (--at)"),
+        });
+    }
     Err(Error::NoGoodSnapshot {
         cluster: store.cluster_id().to_string(),
         location: store.location().to_string(),
@@ -312,7 +321,8 @@ mod tests {
         let loaded = choose_snapshot(&store, None, &at).await.unwrap();
         assert_eq!(loaded.manifest.snapshot_id, old.snapshot_id);
         let before_all = Accept { at: Some(ts("2026-11-30T07:00:00Z")), ..journal() };
-        assert!(choose_snapshot(&store, None, &before_all).await.is_err());
+        let err = choose_snapshot(&store, None, &before_all).await.err().unwrap().to_string();
+        assert!(err.contains("no complete snapshot") && err.contains("at or before 2026-11-30T07:00:00Z"), "{err}");
     }
 
     #[tokio::test]
