@@ -203,15 +203,10 @@ async fn restore(
         manifest
     });
     let manifest = at_point.as_ref().unwrap_or(&loaded.manifest);
-    if let Some(point) = &loaded.point {
-        match &point.gap {
-            Some(gap) => {
-                warn!(base = %point.base, segments = point.segments_applied, at = %point.time, "journal: {gap}")
-            }
-            None => {
-                info!(base = %point.base, segments = point.segments_applied, at = %point.time, "restoring to the newest point of the journal")
-            }
-        }
+    if let Some(point) = &loaded.point
+        && let Some(gap) = &point.gap
+    {
+        warn!(base = %point.base, segments = point.segments_applied, at = %point.time, "journal: {gap}");
     }
     info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "snapshot loaded and verified");
     let started = std::time::Instant::now();
