@@ -143,7 +143,8 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
                 base_refresh: args.base_refresh,
                 base_wait: args.base_wait,
                 zstd_level: args.zstd_level,
-                trusted: run_keys(trusted.as_deref(), signing.as_deref()).map(Arc::new),
+                chain_keys: run_keys(trusted.as_deref(), signing.as_deref()).map(Arc::new),
+                trusted: trusted.clone(),
                 signing_key: signing,
                 recipients: recipients(&args.encryption)?,
                 ..JournalOptions::new(profile)

@@ -48,9 +48,12 @@ pub struct JournalOptions {
     pub signing_key: Option<Arc<SigningKey>>,
     /// Encrypts each segment's records (`--encrypt-to`).
     pub recipients: Option<Arc<Recipients>>,
+    /// The keys a base must be signed by, as for a restore (the `--trusted-key`s); `None`:
+    /// any snapshot.
+    pub trusted: Option<Arc<TrustedKeys>>,
     /// The keys the journal reads its own chain with on a restart (the `--trusted-key`s and
     /// the public half of its `--signing-key`): a forged segment is never extended.
-    pub trusted: Option<Arc<TrustedKeys>>,
+    pub chain_keys: Option<Arc<TrustedKeys>>,
 }
 
 impl JournalOptions {
@@ -65,6 +68,7 @@ impl JournalOptions {
             signing_key: None,
             recipients: None,
             trusted: None,
+            chain_keys: None,
         }
     }
 
@@ -226,7 +230,7 @@ async fn load_base(
     }
     let mut state = JournalState::at_point(records.iter());
     drop(records);
-    let read = store.read_chain(&id, manifest.created_at, opts.trusted.as_deref()).await?;
+    let read = store.read_chain(&id, manifest.created_at, opts.chain_keys.as_deref()).await?;
     for link in &read.links {
         state.apply(&link.records);
     }
@@ -339,7 +343,8 @@ async fn write_segment(
             warn!(base = %chain.base.snapshot_id, segment = chain.next, error = %e, "segment not written; its changes go into the next");
             // A header written whose answer was lost, or another writer: read the chain again.
             if matches!(&e, Error::Store { source: object_store::Error::AlreadyExists { .. }, .. }) {
-                match store.read_chain(&chain.base.snapshot_id, chain.base.created_at, opts.trusted.as_deref()).await {
+                match store.read_chain(&chain.base.snapshot_id, chain.base.created_at, opts.chain_keys.as_deref()).await
+                {
                     Ok(read) => {
                         for link in read.links.iter().filter(|l| l.header.sequence >= chain.next) {
                             state.apply(&link.records);
