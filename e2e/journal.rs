@@ -15,7 +15,8 @@ use restatus::store::SnapshotStore;
 use serde_json::{Value, json};
 
 use crate::bed::{
-    Bed, TARGET, assert_success, fleet_state, generate_keys, records, simulate_move, stderr, stdout, unique,
+    Bed, TARGET, assert_success, fleet_state, generate_age_keys, generate_keys, records, simulate_move, stderr, stdout,
+    unique,
 };
 
 /// `restatus journal` against the source, its log in a file of the test's own.
@@ -351,4 +352,64 @@ async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refus
     assert!(gap.starts_with(&format!("segment {} of base {second}: signature refused", segments + 1)), "{gap}");
     // Without keys nothing is checked: the unsigned segment is used (as unsigned snapshots are).
     assert_eq!(dry_run(&[])["restoredTo"]["segmentsApplied"], segments + 1);
+}
+
+/// Encrypted backups and an encrypted journal: the journal reads its base with the decryption
+/// key and encrypts its segments to the recipient (no object name readable in the bucket); a
+/// restore with the key goes to the newest point.
+#[tokio::test]
+async fn an_encrypted_journal_reads_its_base_with_the_key_and_hides_its_records() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-age"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let (agekey, recipient, _) = generate_age_keys(&bed, &unique("journal-age"));
+    let (agekey, recipient) = (agekey.display().to_string(), recipient.display().to_string());
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector, "--encrypt-to", &recipient]);
+    assert_success(&out, "backup");
+    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let args = ["--journal-interval", "1s", "--encrypt-to", &recipient, "--decryption-key", &agekey];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let server = spec.server_name(1);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let keys = restatus::format::DecryptionKeys::load(&[PathBuf::from(&agekey)]).unwrap().map(std::sync::Arc::new);
+    let store = bed.store(&storage, &cluster).with_decryption_keys(keys);
+    let (_, base_records) = records(&store, base.as_str()).await;
+    let base_records = Records::from_records(base_records);
+    let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
+    stop(&mut journal, &log).await;
+    let header = &chain.links[0].header;
+    assert!(header.encryption.is_some(), "{header:?}");
+    let path = store.segment_object_path(&base, 1, SEGMENT_PAYLOAD_SUFFIX);
+    let stored = object_store::ObjectStoreExt::get(store.object_store().as_ref(), &path).await.unwrap();
+    let stored = stored.bytes().await.unwrap();
+    assert!(!stored.windows(server.len()).any(|w| w == server.as_bytes()), "an object name readable in the bucket");
+    // Without the key the chain stops before its first segment, and says why.
+    let plain = bed.store(&storage, &cluster);
+    let unread = plain.read_chain(&base, base.timestamp().unwrap(), None).await.unwrap();
+    assert!(unread.links.is_empty());
+    assert!(unread.stop.unwrap().reason.contains("encrypted"), "needs the key");
+    let out = bed.restatus(
+        &storage,
+        &cluster,
+        &[
+            "restore",
+            "--dry-run",
+            "--allow-same-cluster",
+            "--selector",
+            &selector,
+            "--decryption-key",
+            &agekey,
+            "-o",
+            "json",
+        ],
+    );
+    assert_success(&out, "restore --dry-run");
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["restoredTo"]["segmentsApplied"], chain.links.len() as u64, "{}", report["restoredTo"]);
 }
