@@ -7,6 +7,7 @@ mod chart;
 mod cli;
 mod controller;
 mod fleet;
+mod journal;
 mod metrics;
 mod moving;
 mod operator;

@@ -160,3 +160,69 @@ pub mod api {
         .to_string()
     }
 }
+
+/// A snapshot of `records` written to `store` (captured at `at`; `consistent` its verdict).
+pub async fn write_snapshot(
+    store: &crate::store::SnapshotStore,
+    at: &str,
+    records: &[Record],
+    consistent: bool,
+) -> Manifest {
+    let (payload, summary) = encode(records);
+    let at = ts(at);
+    let id = SnapshotId::new(at);
+    object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
+        .await
+        .expect("payload written");
+    let mut capture = CaptureSummary::empty();
+    capture.consistency.consistent = consistent;
+    capture.consistency.reason_count = usize::from(!consistent);
+    let manifest = Manifest::new(store.cluster_id(), id, at, "metal-operator", capture, summary);
+    store.put_manifest(&manifest).await.expect("manifest written");
+    manifest
+}
+
+/// Records as a payload: its bytes and summary.
+pub fn encode(records: &[Record]) -> (Vec<u8>, PayloadSummary) {
+    let mut encoder = crate::format::PayloadEncoder::new(3).expect("an encoder");
+    let mut out = Vec::new();
+    for r in records {
+        encoder.push(r).expect("a record encodes");
+        out.extend(encoder.take_output());
+    }
+    let (tail, summary) = encoder.finish().expect("a payload ends");
+    out.extend(tail);
+    (out, summary)
+}
+
+/// Appends a segment of `records` to the journal of `base`, `secs` seconds after the chain's
+/// point, with the verdict `consistent`. Its sequence number.
+pub async fn append_segment(
+    store: &crate::store::SnapshotStore,
+    base: &Manifest,
+    records: &[Record],
+    secs: i64,
+    consistent: bool,
+) -> u64 {
+    let chain = store.read_chain(&base.snapshot_id, base.created_at, None).await.expect("chain read");
+    let seq = chain.next_sequence();
+    let (bytes, summary) = encode(records);
+    let from = chain.links.last().map_or(base.created_at, |l| l.header.to);
+    let deleted = records.iter().filter(|r| crate::format::is_tombstone(r)).count() as u64;
+    let consistency =
+        crate::format::Consistency { consistent, attempts: 1, reasons: vec![], reason_count: usize::from(!consistent) };
+    let mut header = crate::format::SegmentHeader::new(
+        store.cluster_id(),
+        &base.snapshot_id,
+        seq,
+        chain.last_sha256(),
+        from,
+        from + jiff::SignedDuration::from_secs(secs),
+        BTreeMap::new(),
+        (records.len() as u64 - deleted, deleted),
+        summary,
+        Some(consistency),
+    );
+    store.put_segment(&mut header, bytes, None).await.expect("segment written");
+    seq
+}

@@ -4,8 +4,9 @@
 //! `docs/ARCHITECTURE.md`):
 //!
 //! * flows: [`controller`] (watch-driven restore) on [`moving`] (preflight, move handshake)
-//!   on [`backup`] (capture → encode → store, schedule) and [`restore`] (choose → per kind:
-//!   list keys, then plan and apply page by page → check pairing);
+//!   on [`backup`] (capture → encode → store, schedule), [`restore`] (choose → per kind:
+//!   list keys, then plan and apply page by page → check pairing) and [`journal`] (watch →
+//!   segments of status changes chained to the newest snapshot);
 //! * shared by the flows: [`metrics`] (the bucket's newest snapshot, OpenMetrics text);
 //! * edges: [`k8s`] (clients, the pager, watches, writes, events, leader election) and
 //!   [`store`] (object store layout, snapshot choice, retention, cluster ids);
@@ -26,6 +27,7 @@ pub mod error;
 #[cfg(feature = "fleet")]
 pub mod fleet;
 pub mod format;
+pub mod journal;
 pub mod k8s;
 pub mod metrics;
 pub mod moving;

@@ -19,7 +19,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("pure: domain", &["domain"]),
     ("edges", &["k8s", "store"]),
     ("shared by the flows", &["metrics"]),
-    ("flows", &["backup", "restore"]),
+    ("flows", &["backup", "restore", "journal"]),
     ("flows: move", &["moving"]),
     ("flows: controller", &["controller"]),
     ("demo and bench (feature fleet)", &["fleet"]),
@@ -27,7 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 
 /// Modules of the flows that are pure all the same (docs/ARCHITECTURE.md, "Pure and edge"): they
 /// import only from the pure layers and name no client, store or runtime.
-const PURE_IN_FLOWS: &[&str] = &["restore::plan", "controller::index"];
+const PURE_IN_FLOWS: &[&str] = &["restore::plan", "controller::index", "journal::state"];
 
 /// The last pure layer in [`LAYERS`].
 const PURE_UP_TO: &str = "pure: domain";

@@ -15,6 +15,7 @@ use restatus::controller::{self, ControllerOptions, Election, Role as Controller
 use restatus::domain::compare::Comparer;
 use restatus::domain::identity::Profile;
 use restatus::format::{DecryptionKeys, Recipients, SigningKey, TrustedKeys};
+use restatus::journal::{self, JournalOptions};
 use restatus::k8s;
 use restatus::k8s::leader::{Fence, LeaseTiming};
 use restatus::moving::handshake::Handshake;
@@ -132,6 +133,25 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
             }
         }
         Command::Restore(args) => restore(&global, &store, args, trusted).await?,
+        Command::Journal(args) => {
+            let (profile, client) =
+                k8s::connect(&global.profile, global.kubeconfig.as_deref(), global.context.as_deref()).await?;
+            let signing = signing_key(&args.signing)?;
+            let options = JournalOptions {
+                selector: global.selector.clone(),
+                interval: args.journal_interval,
+                base_refresh: args.base_refresh,
+                base_wait: args.base_wait,
+                zstd_level: args.zstd_level,
+                chain_keys: run_keys(trusted.as_deref(), signing.as_deref()).map(Arc::new),
+                trusted: trusted.clone(),
+                signing_key: signing,
+                recipients: recipients(&args.encryption)?,
+                ..JournalOptions::new(profile)
+            };
+            info!(interval = ?options.interval, storage = store.location(), "journal started");
+            journal::run(&client, &store, &options, shutdown_signal()).await.context("journal failed")?;
+        }
         Command::Controller(args) => controller(&global, store, args, trusted).await?,
         Command::Snapshots(command) => snapshots(&store, command, trusted.as_deref()).await?,
     }
@@ -341,6 +361,7 @@ async fn restore(
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
         trusted_keys: trusted,
+        at: args.at,
         concurrency: args.concurrency.max(1),
         selector: g.selector.clone(),
         // The changes are shown by a dry run's table and in JSON.

@@ -148,6 +148,11 @@ pub enum Command {
     },
     /// Reapplies status from the newest good snapshot to the objects of the target cluster.
     Restore(RestoreArgs),
+    /// Journals status changes of the source cluster to the bucket every --journal-interval,
+    /// as segments chained to the newest snapshot, until SIGTERM or Ctrl-C (then a final
+    /// segment of what is pending). A restore reads them: it loses seconds, not a schedule
+    /// interval.
+    Journal(JournalArgs),
     /// Restores status whenever an object of the profile appears or loses its status
     /// (target cluster), with leader election and /metrics, /healthz, /readyz.
     Controller(ControllerArgs),
@@ -181,6 +186,27 @@ pub struct BackupArgs {
     pub zstd_level: i32,
     #[command(flatten)]
     pub retention: RetentionArgs,
+    #[command(flatten)]
+    pub signing: SigningArgs,
+    #[command(flatten)]
+    pub encryption: EncryptionArgs,
+}
+
+#[derive(Args)]
+pub struct JournalArgs {
+    /// How often a segment is written, when some status changed (nothing is written while
+    /// nothing changes).
+    #[arg(long, env = "RESTATUS_JOURNAL_INTERVAL", default_value = "5s", value_parser = positive_duration)]
+    pub journal_interval: Duration,
+    /// How often to look for a newer snapshot to start a new chain on.
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    pub base_refresh: Duration,
+    /// How long to wait for a first snapshot to chain to (then exit 1).
+    #[arg(long, default_value = "10m", value_parser = positive_duration)]
+    pub base_wait: Duration,
+    /// zstd level (1-19).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub zstd_level: i32,
     #[command(flatten)]
     pub signing: SigningArgs,
     #[command(flatten)]
@@ -243,6 +269,11 @@ pub struct RestoreArgs {
     /// Objects written at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Restore to this point in time (RFC 3339, e.g. 2026-12-03T10:15:00Z): the newest snapshot
+    /// captured at or before it, with the journal segments that end at or before it. Default:
+    /// the newest complete point of the newest snapshot's journal.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<jiff::Timestamp>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -502,11 +533,31 @@ mod tests {
             &["restatus", "controller", "--snapshot-timeout", "0s"],
             &["restatus", "controller", "--role", "source", "--interval", "0s"],
             &["restatus", "preflight", "--wait", "--timeout", "0s"],
+            &["restatus", "journal", "--journal-interval", "0s"],
+            &["restatus", "journal", "--base-refresh", "0s"],
         ] {
             let err = Cli::try_parse_from(flags).err().expect("refused");
             assert!(err.to_string().contains("must be greater than zero"), "{flags:?}: {err}");
         }
         assert!(Cli::try_parse_from(["restatus", "controller", "--snapshot-refresh", "1s"]).is_ok());
+    }
+
+    #[test]
+    fn a_point_in_time_is_rfc_3339() {
+        for at in ["yesterday", "2026-12-03", "2026-12-03 10:00", "1764756000"] {
+            assert!(Cli::try_parse_from(["restatus", "restore", "--at", at]).is_err(), "{at}");
+        }
+        for (at, utc) in [
+            ("2026-12-03T10:00:00Z", "2026-12-03T10:00:00Z"),
+            ("2026-12-03T11:00:00.5+01:00", "2026-12-03T10:00:00.5Z"),
+        ] {
+            let Ok(Cli { command: Command::Restore(args), .. }) =
+                Cli::try_parse_from(["restatus", "restore", "--at", at])
+            else {
+                panic!("{at} refused");
+            };
+            assert_eq!(args.at, Some(utc.parse::<jiff::Timestamp>().unwrap()), "{at}");
+        }
     }
 
     #[test]

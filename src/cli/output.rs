@@ -595,6 +595,18 @@ pub fn restore_summary(report: &RestoreReport) -> String {
     }
     let counts: Vec<String> = report.counts.iter().map(|(v, n)| format!("{v} {n}")).collect();
     out += &format!("snapshot {} (captured {}): {}\n", report.snapshot, report.snapshot_created_at, counts.join(", "));
+    if let Some(point) = &report.restored_to {
+        for passed in &point.passed_over {
+            out += &format!("journal point passed over: {passed}\n");
+        }
+        if let Some(gap) = &point.gap {
+            out += &format!("JOURNAL GAP: {gap}\n");
+        }
+        out += &format!(
+            "restored to {}: base {} + {} of {} journal segments\n",
+            point.time, point.base, point.segments_applied, point.segments_verified
+        );
+    }
     if report.dry_run {
         out += "dry run: nothing written\n";
         return out;

@@ -77,6 +77,9 @@ impl Context {
                     this_cluster: crate::k8s::cluster_uid(&self.client).await,
                     same_cluster: self.options.allow_same_cluster,
                     trusted: self.options.trusted_keys.clone(),
+                    // The controller restores from snapshots alone: reading journals is
+                    // not in it yet.
+                    ..Accept::default()
                 }
             })
             .await

@@ -114,12 +114,7 @@ impl Collector {
         if let Some(view) = View::of(kind, object) {
             self.views.add(view);
         }
-        let transitional = if object.meta.deletion_timestamp.is_some() {
-            Some("being deleted".to_string())
-        } else {
-            kind.transitional_state(object).map(|state| format!("in transitional state {state:?}"))
-        };
-        if let Some(reason) = transitional {
+        if let Some(reason) = transitional(kind, object) {
             self.transitional.push(Inconsistency { object: reference.clone(), reason });
         }
     }
@@ -206,6 +201,24 @@ pub fn judge(views: &Views, transitional: Vec<Inconsistency>, conflicts: &[KeyCo
     let reason_count = reasons.len();
     reasons.truncate(Consistency::MAX_REASONS);
     Consistency { consistent: reason_count == 0, attempts, reasons, reason_count }
+}
+
+/// The record of one object as a capture would make it, or `None` where a capture skips it (no
+/// status, or no identity key). The journal's records are a backup's.
+pub fn record(kind: &KindProfile, object: &RawObject<'_>) -> Option<Record> {
+    let keys = kind.keys_of(object);
+    let status = object.status()?;
+    keys.first()?;
+    Some(record_of(kind, object, keys, status))
+}
+
+/// Why an object makes a capture inconsistent on its own (being deleted, or in a transitional
+/// state), if it does.
+pub fn transitional(kind: &KindProfile, object: &RawObject<'_>) -> Option<String> {
+    if object.meta.deletion_timestamp.is_some() {
+        return Some("being deleted".to_string());
+    }
+    kind.transitional_state(object).map(|state| format!("in transitional state {state:?}"))
 }
 
 fn record_of(kind: &KindProfile, object: &RawObject<'_>, keys: Vec<IdentityKey>, status: &RawValue) -> Record {

@@ -137,6 +137,21 @@ impl Views {
         }
     }
 
+    /// Forgets a Server (`namespace` `None`) or a claim that is gone.
+    pub fn remove(&mut self, kind: &str, namespace: Option<&str>, name: &str) {
+        match (kind, namespace) {
+            ("Server", _) => {
+                self.servers.remove(name);
+                self.free_servers.remove(&name_digest("", name));
+            }
+            ("ServerClaim", Some(ns)) => {
+                self.claims.remove(&(ns.to_string(), name.to_string()));
+                self.free_claims.remove(&name_digest(ns, name));
+            }
+            _ => {}
+        }
+    }
+
     /// Later views replace earlier ones.
     pub fn extend(&mut self, views: impl IntoIterator<Item = View>) {
         for view in views {

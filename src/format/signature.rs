@@ -36,6 +36,9 @@ pub const SIGNATURE_FILE: &str = "manifest.json.sig";
 pub const MAX_SIGNATURE: u64 = 4096;
 /// What is signed: these bytes, then the manifest's bytes as stored.
 pub const SIGNED_CONTEXT: &[u8] = b"restatus snapshot manifest v1\n";
+/// What a journal segment's signature signs: these bytes, then the segment header's bytes as
+/// stored. Another context than a manifest's: a segment's signature is never a manifest's.
+pub const SEGMENT_SIGNED_CONTEXT: &[u8] = b"restatus journal segment v1\n";
 /// The prefix of the short form of a public key.
 pub const SHORT_PREFIX: &str = "ed25519:";
 const ALGORITHM: &str = "ed25519";
@@ -115,7 +118,17 @@ impl SigningKey {
     /// The signature object for a manifest whose stored bytes are `manifest` (which must
     /// name this key in `signedBy`).
     pub fn sign(&self, manifest: &[u8]) -> Vec<u8> {
-        let signature = self.key.sign(&signed_message(manifest));
+        self.sign_in(SIGNED_CONTEXT, manifest)
+    }
+
+    /// The signature object for a journal segment header whose stored bytes are `header`
+    /// (which must name this key in `signedBy`).
+    pub fn sign_segment(&self, header: &[u8]) -> Vec<u8> {
+        self.sign_in(SEGMENT_SIGNED_CONTEXT, header)
+    }
+
+    fn sign_in(&self, context: &[u8], bytes: &[u8]) -> Vec<u8> {
+        let signature = self.key.sign(&[context, bytes].concat());
         let file = SignatureFile {
             algorithm: ALGORITHM.into(),
             key_id: self.id.clone(),
@@ -259,6 +272,29 @@ impl TrustedKeys {
         signed_by: Option<&KeyId>,
         signature: Option<&[u8]>,
     ) -> Result<KeyId, Error> {
+        self.verify_in(SIGNED_CONTEXT, snapshot, manifest, signed_by, signature)
+    }
+
+    /// Checks the signature of a journal segment header (`header` its bytes as stored, signed
+    /// in [`SEGMENT_SIGNED_CONTEXT`]); `what` names the segment in errors.
+    pub fn verify_segment(
+        &self,
+        what: &str,
+        header: &[u8],
+        signed_by: Option<&KeyId>,
+        signature: Option<&[u8]>,
+    ) -> Result<KeyId, Error> {
+        self.verify_in(SEGMENT_SIGNED_CONTEXT, what, header, signed_by, signature)
+    }
+
+    fn verify_in(
+        &self,
+        context: &[u8],
+        snapshot: &str,
+        manifest: &[u8],
+        signed_by: Option<&KeyId>,
+        signature: Option<&[u8]>,
+    ) -> Result<KeyId, Error> {
         let refuse = |reason: String| Error::BadSignature { snapshot: snapshot.to_string(), reason };
         let Some(signature) = signature else {
             return Err(match signed_by {
@@ -292,7 +328,7 @@ impl TrustedKeys {
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| refuse(format!("the signature of key {} is not 64 bytes of base64", file.key_id)))?;
         let signature = ed25519_dalek::Signature::from_bytes(&bytes);
-        key.key.verify_strict(&signed_message(manifest), &signature).map_err(|_| {
+        key.key.verify_strict(&[context, manifest].concat(), &signature).map_err(|_| {
             refuse(format!(
                 "the signature of key {} does not match the manifest (changed after it was signed, or the \
                  signature of another manifest)",
@@ -311,10 +347,6 @@ struct SignatureFile {
     key_id: KeyId,
     /// base64 of the 64-byte Ed25519 signature of [`SIGNED_CONTEXT`] + the manifest's bytes.
     signature: String,
-}
-
-fn signed_message(manifest: &[u8]) -> Vec<u8> {
-    [SIGNED_CONTEXT, manifest].concat()
 }
 
 /// A key spec's files with their text: `path` itself, or the files of the directory `path`.

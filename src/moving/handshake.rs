@@ -203,7 +203,7 @@ impl Handshake {
     /// The final snapshot, read back and verified; `None` (logged) when it cannot be: then
     /// nothing shows its statuses are the quiesced ones, and it is taken again.
     async fn load(&self, id: &str) -> Option<Loaded> {
-        let accept = Accept { inconsistent: false, this_cluster: None, same_cluster: true, trusted: None };
+        let accept = Accept { inconsistent: false, this_cluster: None, same_cluster: true, ..Accept::default() };
         let loaded = match id.parse() {
             Ok(id) => choose_snapshot(&self.store, Some(&id), &accept).await,
             Err(e) => Err(e),

@@ -29,7 +29,7 @@ use crate::domain::live::LiveObject;
 use crate::domain::pairing::{View, Views, Violation};
 use crate::format::{SnapshotId, TrustedKeys};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Pager, Writer, list_objects};
-use crate::store::{Accept, Passed, SnapshotStore, choose_snapshot};
+use crate::store::{Accept, Passed, Point, SnapshotStore, choose_snapshot};
 use summary::KindSummary;
 
 #[derive(Debug, Clone)]
@@ -45,6 +45,12 @@ pub struct RestoreOptions {
     pub allow_same_cluster: bool,
     /// Use only snapshots signed by one of these keys.
     pub trusted_keys: Option<Arc<TrustedKeys>>,
+    /// Restore to the point in time a base's journal reaches (its newest complete point, or
+    /// the newest at or before [`RestoreOptions::at`]); `false`: the snapshot alone.
+    pub journal: bool,
+    /// Restore to this point in time (`--at`): the newest base captured at or before it, with
+    /// the segments of its journal that end at or before it.
+    pub at: Option<Timestamp>,
     /// Writes in flight at once.
     pub concurrency: usize,
     pub page_size: u32,
@@ -72,6 +78,8 @@ impl RestoreOptions {
             allow_inconsistent: false,
             allow_same_cluster: false,
             trusted_keys: None,
+            journal: true,
+            at: None,
             concurrency: 16,
             page_size: DEFAULT_PAGE_SIZE,
             selector: None,
@@ -86,6 +94,10 @@ impl RestoreOptions {
 pub struct RestoreReport {
     pub snapshot: String,
     pub snapshot_created_at: Timestamp,
+    /// The point of the snapshot's journal restored to (base, segments applied, time, a gap);
+    /// absent when the snapshot has no journal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restored_to: Option<Point>,
     pub passed_over: Vec<Passed>,
     pub dry_run: bool,
     pub plan: RestorePlan,
@@ -178,9 +190,26 @@ async fn restore(
         this_cluster: crate::k8s::cluster_uid(client).await,
         same_cluster: opts.allow_same_cluster,
         trusted: opts.trusted_keys.clone(),
+        journal: opts.journal,
+        at: opts.at,
     };
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
-    let manifest = &loaded.manifest;
+    // At a point of the journal, statuses written after that point moved on (not after the
+    // base's capture), and the verdict is the point's.
+    let at_point = loaded.point.as_ref().map(|point| {
+        let mut manifest = loaded.manifest.clone();
+        manifest.created_at = point.time;
+        if let Some(consistency) = &mut manifest.consistency {
+            consistency.consistent = point.consistent;
+        }
+        manifest
+    });
+    let manifest = at_point.as_ref().unwrap_or(&loaded.manifest);
+    if let Some(point) = &loaded.point
+        && let Some(gap) = &point.gap
+    {
+        warn!(base = %point.base, segments = point.segments_applied, at = %point.time, "journal: {gap}");
+    }
     info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "snapshot loaded and verified");
     let started = std::time::Instant::now();
     let writer = match opts.dry_run {
@@ -190,7 +219,8 @@ async fn restore(
     let applier = writer.as_ref().map(|w| Applier::new(w, &opts.profile, manifest, &loaded.records, opts.force));
     let report = RestoreReport {
         snapshot: manifest.snapshot_id.to_string(),
-        snapshot_created_at: manifest.created_at,
+        snapshot_created_at: loaded.manifest.created_at,
+        restored_to: loaded.point.clone(),
         passed_over: loaded.passed_over.clone(),
         dry_run: opts.dry_run,
         counts: Verdict::ALL.iter().map(|v| (*v, 0)).collect(),
@@ -435,6 +465,7 @@ mod tests {
         let report = RestoreReport {
             snapshot: id.to_string(),
             snapshot_created_at: at,
+            restored_to: None,
             passed_over: vec![],
             dry_run: true,
             plan: RestorePlan { snapshot: manifest(id.clone(), at).snapshot_id, items: vec![] },

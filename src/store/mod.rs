@@ -6,10 +6,12 @@
 //! <prefix>/<cluster-id>/<snapshot-id>/payload.jsonl.zst   written first, streamed
 //! <prefix>/<cluster-id>/<snapshot-id>/manifest.json.sig   a signed snapshot's signature, before the manifest
 //! <prefix>/<cluster-id>/<snapshot-id>/manifest.json       written last, create-only
+//! <prefix>/<cluster-id>/<snapshot-id>/journal/…            journal segments on this base ([`journal`])
 //! ```
 
 pub mod choose;
 pub mod clusters;
+pub mod journal;
 pub mod retention;
 
 use std::collections::BTreeMap;
@@ -29,7 +31,7 @@ use object_store::{Certificate, ClientOptions, ObjectStore, ObjectStoreExt, PutM
 use tracing::warn;
 use url::Url;
 
-pub use choose::{Accept, Loaded, Passed, choose_newer, choose_snapshot, resolve};
+pub use choose::{Accept, Loaded, Passed, Point, choose_newer, choose_snapshot, resolve};
 pub use retention::{Deletion, RetentionPolicy};
 
 use crate::format::Record;
@@ -423,7 +425,8 @@ impl SnapshotStore {
     }
 
     /// Deletes a snapshot: the manifest first, so a half-deleted snapshot no longer exists for
-    /// readers, then its signature and the payload.
+    /// readers, then its signature and the payload, then its journal (segments are kept with
+    /// their base and removed with it).
     pub async fn delete(&self, id: &SnapshotId) -> Result<()> {
         for path in [self.manifest_path(id), self.signature_path(id), self.payload_path(id)] {
             match self.store.delete(&path).await {
@@ -431,7 +434,7 @@ impl SnapshotStore {
                 Err(e) => return Err(Error::store(format!("delete {path} of snapshot {id}"), e)),
             }
         }
-        Ok(())
+        self.delete_journal(id).await
     }
 
     /// The objects of a snapshot's folder, whatever they are: file name and size, by name.

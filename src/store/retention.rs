@@ -346,4 +346,25 @@ mod tests {
         let later: Timestamp = "2026-11-30T13:00:01Z".parse().unwrap();
         assert_eq!(protected(&entries, &entries[4], None, false, later), None, "abandoned after the grace");
     }
+
+    /// Segments are kept with their base and removed with it: retention deleting an old
+    /// snapshot takes its journal along, and leaves the newer snapshot's alone; a bucket with
+    /// segments lists the same snapshots.
+    #[tokio::test]
+    async fn retention_removes_a_bases_segments_with_it() {
+        use crate::fixtures::{append_segment, record, uuid, write_snapshot};
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let server = |state: &str| record("Server", "s", &[uuid("s")], serde_json::json!({"state": state}));
+        let old = write_snapshot(&store, "2026-11-30T08:00:00Z", &[server("a")], true).await;
+        let new = write_snapshot(&store, "2026-11-30T09:00:00Z", &[server("b")], true).await;
+        append_segment(&store, &old, &[server("c")], 5, true).await;
+        append_segment(&store, &new, &[server("d")], 5, true).await;
+        let listed: Vec<SnapshotId> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
+        assert_eq!(listed, [old.snapshot_id.clone(), new.snapshot_id.clone()], "segments are not snapshots");
+        let plan = apply(&store, RetentionPolicy { keep_last: Some(1), max_age: None }, None).await.unwrap();
+        let deleted: Vec<SnapshotId> = plan.deletions.iter().map(|d| d.id.clone()).collect();
+        assert_eq!(deleted, std::slice::from_ref(&old.snapshot_id));
+        assert!(store.files(&old.snapshot_id).await.unwrap().is_empty(), "the old base's journal went with it");
+        assert_eq!(store.list_segments(&new.snapshot_id).await.unwrap().len(), 1, "the new base's journal stays");
+    }
 }

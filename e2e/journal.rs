@@ -1,0 +1,415 @@
+//! The journal on the real test bed: status changes after the last snapshot reach the bucket as
+//! segments, a restore after a simulated move brings them back, a restarted journal resumes its
+//! chain, an idle fleet writes nothing, and a corrupt segment stops a restore at the point
+//! before it, saying so.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::api::{Patch, PatchParams, PostParams};
+use restatus::domain::identity::Profile;
+use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
+use restatus::format::{Chain, Records, SEGMENT_PAYLOAD_SUFFIX, SnapshotId, choose_point, point};
+use restatus::store::SnapshotStore;
+use serde_json::{Value, json};
+
+use crate::bed::{
+    Bed, TARGET, assert_success, fleet_state, generate_age_keys, generate_keys, records, simulate_move, stderr, stdout,
+    unique,
+};
+
+/// `restatus journal` against the source, its log in a file of the test's own.
+fn start_journal(bed: &Bed, storage: &str, cluster: &str, selector: &str, interval: &str) -> (Child, PathBuf) {
+    start_journal_with(bed, storage, cluster, selector, &["--journal-interval", interval])
+}
+
+fn start_journal_with(bed: &Bed, storage: &str, cluster: &str, selector: &str, args: &[&str]) -> (Child, PathBuf) {
+    let log = bed.scratch.path().join(format!("{}.log", unique("journal")));
+    let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
+        .args(["journal", "--selector", selector])
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&bed.source_kubeconfig)
+        .env("RESTATUS_STORAGE", storage)
+        .env("RESTATUS_CLUSTER_ID", cluster)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    (child, log)
+}
+
+fn log_of(log: &PathBuf) -> String {
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// Waits (at most `within`) until the journal's log holds `text` `times` times.
+async fn wait_log(log: &PathBuf, text: &str, times: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    while log_of(log).matches(text).count() < times {
+        assert!(Instant::now() < deadline, "{text:?} not logged {times} times within {within:?}:\n{}", log_of(log));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn stop(child: &mut Child, log: &PathBuf) {
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the journal did not exit within 30 s of SIGTERM:\n{}", log_of(log));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "the journal exited with {status}:\n{}", log_of(log));
+}
+
+/// The statuses, by object name, at the newest consistent point of the base's chain, and the
+/// chain.
+async fn at_newest_point(store: &SnapshotStore, base: &SnapshotId, records: &Records) -> (Chain, Vec<(String, Value)>) {
+    let created = base.timestamp().unwrap();
+    let manifest = store.manifest(base).await.unwrap();
+    let chain = store.read_chain(base, manifest.created_at.max(created), None).await.unwrap();
+    let applied = choose_point(&chain.links, None, true, false).map_or(0, |c| c.applied);
+    let merged = point(records, &chain.links[..applied]).unwrap();
+    let statuses =
+        merged.into_iter().map(|r| (r.name.clone(), serde_json::from_str(r.status.get()).unwrap())).collect();
+    (chain, statuses)
+}
+
+/// Waits (at most `within`) until the newest consistent point of the chain satisfies `holds`.
+async fn wait_point(
+    store: &SnapshotStore,
+    base: &SnapshotId,
+    records: &Records,
+    within: Duration,
+    holds: impl Fn(&[(String, Value)]) -> bool,
+) -> Chain {
+    let deadline = Instant::now() + within;
+    loop {
+        let (chain, statuses) = at_newest_point(store, base, records).await;
+        if holds(&statuses) {
+            return chain;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the chain did not reach the expected point within {within:?}: {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn status_of<'a>(statuses: &'a [(String, Value)], name: &str) -> &'a Value {
+    statuses.iter().find(|(n, _)| n == name).map_or(&Value::Null, |(_, s)| s)
+}
+
+fn api(client: &kube::Client, kind: &str, namespace: Option<&str>) -> kube::Api<kube::api::DynamicObject> {
+    restatus::k8s::api_for(client, Profile::metal_operator().kind(kind).unwrap(), namespace)
+}
+
+async fn patch_status(client: &kube::Client, kind: &str, namespace: Option<&str>, name: &str, status: Value) {
+    api(client, kind, namespace)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+        .await
+        .unwrap_or_else(|e| panic!("patch the status of {kind} {name}: {e}"));
+}
+
+async fn patch_spec(client: &kube::Client, kind: &str, namespace: Option<&str>, name: &str, spec: Value) {
+    api(client, kind, namespace)
+        .patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": spec})))
+        .await
+        .unwrap_or_else(|e| panic!("patch the spec of {kind} {name}: {e}"));
+}
+
+/// A fleet backed up; the journal, started against it, journals a Server's status change and a
+/// claim becoming Bound (on a Server becoming Reserved for it) after the snapshot; an idle fleet
+/// writes no segment; a journal stopped and started again resumes the chain (the next sequence
+/// number, and the change made while it was away, written as its final segment on SIGTERM);
+/// after a simulated move, a restore brings back every status as the source has it, and a
+/// second one writes nothing; a corrupt segment makes a restore stop at the point before it and
+/// say so, naming the base and the segment.
+#[tokio::test]
+async fn the_journal_carries_changes_after_the_snapshot_through_a_move() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn"), 4, 4, 2);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    // A claim not yet bound, and the Server it will bind to (Available, the first without claim).
+    let namespace = spec.namespaces[0].clone();
+    let claim = format!("{}-late", spec.name);
+    let server = spec.server_name(spec.claims);
+    let other = spec.server_name(spec.claims + 1);
+    let object = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+        "metadata": {"name": claim, "namespace": namespace, "labels": {FLEET_LABEL: spec.name}},
+        "spec": {"power": "On", "image": "gardenlinux:1877.0"}});
+    api(&source, "ServerClaim", Some(&namespace))
+        .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+        .await
+        .expect("create the claim");
+    patch_status(&source, "ServerClaim", Some(&namespace), &claim, json!({"phase": "Unbound"})).await;
+
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
+    assert_success(&out, "backup");
+    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let store = bed.store(&storage, &cluster);
+    let (_, base_records) = records(&store, base.as_str()).await;
+    assert_eq!(base_records.len(), spec.total() + 1);
+    let base_records = Records::from_records(base_records);
+
+    // The journal, every second.
+    let (mut journal, log) = start_journal(&bed, &storage, &cluster, &selector, "1s");
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    assert!(store.list_segments(&base).await.unwrap().is_empty(), "nothing changed yet: no segment");
+
+    // After the snapshot: a Server's status changes; the claim binds.
+    patch_status(&source, "Server", None, &other, json!({"powerState": "On", "indicatorLED": "Blinking"})).await;
+    patch_spec(&source, "Server", None, &server, json!({"serverClaimRef": {"namespace": namespace, "name": claim}}))
+        .await;
+    patch_status(&source, "Server", None, &server, json!({"state": "Reserved", "powerState": "On"})).await;
+    patch_spec(&source, "ServerClaim", Some(&namespace), &claim, json!({"serverRef": {"name": server}})).await;
+    patch_status(&source, "ServerClaim", Some(&namespace), &claim, json!({"phase": "Bound"})).await;
+    let changed = |s: &[(String, Value)]| {
+        status_of(s, &claim)["phase"] == "Bound"
+            && status_of(s, &server)["state"] == "Reserved"
+            && status_of(s, &other)["indicatorLED"] == "Blinking"
+    };
+    // Within 30 s: a 1 s interval, with room for a slow, shared test bed.
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), changed).await;
+    assert_eq!(chain.stop, None);
+    let written = chain.links.len();
+    assert!(written >= 1);
+    assert!(chain.links.last().unwrap().header.consistency.as_ref().unwrap().consistent);
+
+    // Idle: no change to the fleet, no segment. The window, 5 s, is five cuts of a journal that
+    // has every event of the fleet (the point above holds the last change made); a cut writes
+    // only what differs from the chain (unit tests in journal::state show a re-listed,
+    // unchanged fleet and a change undone before the cut write nothing).
+    let headers = |entries: Vec<restatus::store::journal::SegmentEntry>| entries.iter().filter(|e| e.header).count();
+    let before = headers(store.list_segments(&base).await.unwrap());
+    assert_eq!(before, written);
+    let window = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < window {
+        assert_eq!(headers(store.list_segments(&base).await.unwrap()), before, "a segment written for an idle fleet");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Stopped, a change made while it is away, started again with an interval no cut reaches
+    // in this test: the change is found by its first listing and written as the final segment
+    // on SIGTERM, as the next segment of the same chain.
+    stop(&mut journal, &log).await;
+    patch_status(&source, "Server", None, &other, json!({"indicatorLED": "Off", "powerState": "Off"})).await;
+    let (mut journal, log) = start_journal(&bed, &storage, &cluster, &selector, "1h");
+    wait_log(&log, &format!("resumes_at={}", written + 1), 1, Duration::from_secs(60)).await;
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    stop(&mut journal, &log).await;
+    let (chain, statuses) = at_newest_point(&store, &base, &base_records).await;
+    assert_eq!(chain.stop, None, "no gap");
+    assert_eq!(chain.links.len(), written + 1, "one more segment: {}", log_of(&log));
+    assert_eq!(chain.links.last().unwrap().header.sequence, written as u64 + 1);
+    assert_eq!(status_of(&statuses, &other)["indicatorLED"], "Off", "the change made while it was away");
+    assert_eq!(status_of(&statuses, &claim)["phase"], "Bound", "nothing lost");
+    assert_eq!(status_of(&statuses, &server)["state"], "Reserved", "nothing lost");
+
+    // The move, then the restore: every status as the source has it, the later changes too.
+    simulate_move(&source, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    let restore = |extra: &[&str]| {
+        let mut args = vec!["restore", "--selector", &selector, "-o", "json"];
+        args.extend(extra);
+        let out = bed.restatus_with(&bed.target_kubeconfig, &storage, &cluster, &args, &[]);
+        assert_success(&out, "restore");
+        (serde_json::from_str::<Value>(&stdout(&out)).expect("restore -o json"), stderr(&out))
+    };
+    let (report, _) = restore(&[]);
+    assert_eq!(report["snapshot"], base.as_str());
+    let point = &report["restoredTo"];
+    assert_eq!(point["base"], base.as_str(), "{report}");
+    assert_eq!(point["segmentsApplied"], written as u64 + 1, "{point}");
+    assert!(point.get("gap").is_none(), "{point}");
+    assert!(report["pairing"].as_array().unwrap().is_empty(), "{}", report["pairing"]);
+    let source_state = fleet_state(&source, &spec.name).await;
+    let target_state = fleet_state(&bed.target().await, &spec.name).await;
+    assert_eq!(source_state.len(), spec.total() + 1);
+    for (name, (status, _)) in &source_state {
+        assert_eq!(&target_state[name].0, status, "{name}");
+    }
+    let (again, _) = restore(&[]);
+    assert_eq!(again["writes"], 0, "a second restore writes nothing: {again}");
+
+    // The last segment corrupt: the restore stops at the one before it, and says so.
+    let last = written as u64 + 1;
+    let path = store.segment_object_path(&base, last, SEGMENT_PAYLOAD_SUFFIX);
+    object_store::ObjectStoreExt::put(
+        store.object_store().as_ref(),
+        &path,
+        bytes::Bytes::from_static(b"garbage").into(),
+    )
+    .await
+    .unwrap();
+    let (report, err) = restore(&["--dry-run"]);
+    let point = &report["restoredTo"];
+    assert_eq!(point["segmentsApplied"], written as u64, "{point}");
+    let gap = point["gap"].as_str().unwrap_or_default();
+    let expected = format!("segment {last} of base {base}: is corrupt");
+    assert!(gap.starts_with(&expected), "{gap}");
+    assert!(gap.contains(&format!("restoring to segment {written} at")), "{gap}");
+    assert!(err.contains(&expected), "the log says it too: {err}");
+}
+
+/// A signed journal: when the scheduled backup writes a newer snapshot, the journal starts a new
+/// chain on it, whose first segment holds the change made after that snapshot; its segments
+/// are signed and a restore trusting the key uses them; a segment written by someone without
+/// the key (unsigned, the next of the chain) stops the chain before it, and the restore says so;
+/// without keys nothing is checked.
+#[tokio::test]
+async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refused() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-base"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let (key, public, key_id) = generate_keys(&bed, &unique("journal-key"));
+    let (key, public) = (key.display().to_string(), public.display().to_string());
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let backup = || {
+        let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector, "--signing-key", &key]);
+        assert_success(&out, "backup");
+        stdout(&out).trim().parse::<SnapshotId>().unwrap()
+    };
+    let first = backup();
+    let store = bed.store(&storage, &cluster);
+    let args = ["--journal-interval", "1s", "--base-refresh", "1s", "--signing-key", &key];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let server = spec.server_name(1);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let (_, first_records) = records(&store, first.as_str()).await;
+    let first_records = Records::from_records(first_records);
+    let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
+    wait_point(&store, &first, &first_records, Duration::from_secs(30), blinking).await;
+
+    // The schedule's next snapshot, then a change after it: the journal moves to the new base,
+    // and the new chain's first segment holds the change.
+    let second = backup();
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Lit"})).await;
+    wait_log(&log, "a newer base snapshot", 1, Duration::from_secs(30)).await;
+    let (_, second_records) = records(&store, second.as_str()).await;
+    let second_records = Records::from_records(second_records);
+    let lit = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Lit";
+    let chain = wait_point(&store, &second, &second_records, Duration::from_secs(30), lit).await;
+    assert_eq!(chain.links[0].header.sequence, 1, "a new chain");
+    assert_eq!(chain.links[0].header.base_snapshot_id, second);
+    stop(&mut journal, &log).await;
+    let segments = chain.links.len() as u64;
+
+    // Trusting the key: every segment verifies; the restore (a dry run on the source itself)
+    // goes to the newest point.
+    let trusted = restatus::format::TrustedKeys::load(std::slice::from_ref(&public)).unwrap().unwrap();
+    let verified = store.read_chain(&second, second.timestamp().unwrap(), Some(&trusted)).await.unwrap();
+    assert_eq!((verified.links.len() as u64, verified.stop.clone()), (segments, None));
+    assert!(verified.links.iter().all(|l| l.signer.as_ref().map(|k| k.as_str()) == Some(key_id.as_str())));
+    let dry_run = |extra: &[&str]| {
+        let mut args = vec!["restore", "--dry-run", "--allow-same-cluster", "--selector", &selector, "-o", "json"];
+        args.extend(extra);
+        let out = bed.restatus(&storage, &cluster, &args);
+        assert_success(&out, "restore --dry-run");
+        serde_json::from_str::<Value>(&stdout(&out)).expect("restore -o json")
+    };
+    let report = dry_run(&["--trusted-key", &public]);
+    assert_eq!(report["snapshot"], second.as_str());
+    assert_eq!(report["restoredTo"]["segmentsApplied"], segments, "{}", report["restoredTo"]);
+
+    // A segment by someone without the key: unsigned, the next of the chain, well formed.
+    let mut encoder = restatus::format::PayloadEncoder::new(3).unwrap();
+    let mut forged = second_records.record(0).unwrap();
+    forged.status = serde_json::value::RawValue::from_string(r#"{"state":"Forged"}"#.into()).unwrap();
+    encoder.push(&forged).unwrap();
+    let (bytes, summary) = encoder.finish().unwrap();
+    let last = &verified.links.last().unwrap().header;
+    let mut header = restatus::format::SegmentHeader::new(
+        &cluster,
+        &second,
+        segments + 1,
+        verified.last_sha256(),
+        last.to,
+        jiff::Timestamp::now(),
+        Default::default(),
+        (1, 0),
+        summary,
+        None,
+    );
+    store.put_segment(&mut header, bytes, None).await.unwrap();
+    let report = dry_run(&["--trusted-key", &public]);
+    let point = &report["restoredTo"];
+    assert_eq!(point["segmentsApplied"], segments, "{point}");
+    let gap = point["gap"].as_str().unwrap_or_default();
+    assert!(gap.starts_with(&format!("segment {} of base {second}: signature refused", segments + 1)), "{gap}");
+    // Without keys nothing is checked: the unsigned segment is used (as unsigned snapshots are).
+    assert_eq!(dry_run(&[])["restoredTo"]["segmentsApplied"], segments + 1);
+}
+
+/// Encrypted backups and an encrypted journal: the journal reads its base with the decryption
+/// key and encrypts its segments to the recipient (no object name readable in the bucket); a
+/// restore with the key goes to the newest point.
+#[tokio::test]
+async fn an_encrypted_journal_reads_its_base_with_the_key_and_hides_its_records() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-age"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let (agekey, recipient, _) = generate_age_keys(&bed, &unique("journal-age"));
+    let (agekey, recipient) = (agekey.display().to_string(), recipient.display().to_string());
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector, "--encrypt-to", &recipient]);
+    assert_success(&out, "backup");
+    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let args = ["--journal-interval", "1s", "--encrypt-to", &recipient, "--decryption-key", &agekey];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let server = spec.server_name(1);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let keys = restatus::format::DecryptionKeys::load(&[PathBuf::from(&agekey)]).unwrap().map(std::sync::Arc::new);
+    let store = bed.store(&storage, &cluster).with_decryption_keys(keys);
+    let (_, base_records) = records(&store, base.as_str()).await;
+    let base_records = Records::from_records(base_records);
+    let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
+    stop(&mut journal, &log).await;
+    let header = &chain.links[0].header;
+    assert!(header.encryption.is_some(), "{header:?}");
+    let path = store.segment_object_path(&base, 1, SEGMENT_PAYLOAD_SUFFIX);
+    let stored = object_store::ObjectStoreExt::get(store.object_store().as_ref(), &path).await.unwrap();
+    let stored = stored.bytes().await.unwrap();
+    assert!(!stored.windows(server.len()).any(|w| w == server.as_bytes()), "an object name readable in the bucket");
+    // Without the key the chain stops before its first segment, and says why.
+    let plain = bed.store(&storage, &cluster);
+    let unread = plain.read_chain(&base, base.timestamp().unwrap(), None).await.unwrap();
+    assert!(unread.links.is_empty());
+    assert!(unread.stop.unwrap().reason.contains("encrypted"), "needs the key");
+    let out = bed.restatus(
+        &storage,
+        &cluster,
+        &[
+            "restore",
+            "--dry-run",
+            "--allow-same-cluster",
+            "--selector",
+            &selector,
+            "--decryption-key",
+            &agekey,
+            "-o",
+            "json",
+        ],
+    );
+    assert_success(&out, "restore --dry-run");
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["restoredTo"]["segmentsApplied"], chain.links.len() as u64, "{}", report["restoredTo"]);
+}

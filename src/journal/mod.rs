@@ -1,0 +1,397 @@
+//! The journal (`restatus journal`): between scheduled snapshots, every status change of the
+//! source cluster goes to the bucket within an interval, as a segment chained to the newest
+//! snapshot (its base). See `docs/FORMAT.md`, "Journal segments".
+//!
+//! Base → its records and existing chain (a restart resumes after the last good segment) →
+//! watch each kind of the profile (the watches' first listing is diffed against the chain, so
+//! nothing that changed while the journal was away is lost; a re-list after a 410 the same)
+//! → every interval, one segment of the objects whose status differs from what base and chain
+//! yield, written create-only (nothing when nothing differs) → when a newer snapshot appears,
+//! a final segment on the old chain and a new chain on the new base, whose first segment holds
+//! every object whose live status differs from the new base's record. On a stop (SIGTERM),
+//! a final segment of what is pending.
+
+pub mod state;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use jiff::Timestamp;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::{debug, error, info, warn};
+
+use crate::domain::identity::{KindProfile, Profile};
+use crate::domain::object::RawObject;
+use crate::format::{
+    Manifest, PayloadEncoder, Recipients, SegmentHeader, SigningKey, SnapshotId, TrustedKeys, sha256_hex,
+};
+use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
+use crate::store::{Accept, SnapshotStore, choose_snapshot};
+use crate::{Error, Result};
+use state::{Cut, JournalState};
+
+#[derive(Debug, Clone)]
+pub struct JournalOptions {
+    pub profile: Profile,
+    /// Only objects with these labels (a Kubernetes label selector).
+    pub selector: Option<String>,
+    /// How often a segment is cut (when something changed).
+    pub interval: Duration,
+    /// How often the bucket is asked for a newer base snapshot.
+    pub base_refresh: Duration,
+    /// How long to wait for a first snapshot to chain to.
+    pub base_wait: Duration,
+    pub zstd_level: i32,
+    /// Signs each segment header (`--signing-key`).
+    pub signing_key: Option<Arc<SigningKey>>,
+    /// Encrypts each segment's records (`--encrypt-to`).
+    pub recipients: Option<Arc<Recipients>>,
+    /// The keys a base must be signed by, as for a restore (the `--trusted-key`s); `None`:
+    /// any snapshot.
+    pub trusted: Option<Arc<TrustedKeys>>,
+    /// The keys the journal reads its own chain with on a restart (the `--trusted-key`s and
+    /// the public half of its `--signing-key`): a forged segment is never extended.
+    pub chain_keys: Option<Arc<TrustedKeys>>,
+}
+
+impl JournalOptions {
+    pub fn new(profile: Profile) -> Self {
+        JournalOptions {
+            profile,
+            selector: None,
+            interval: Duration::from_secs(5),
+            base_refresh: Duration::from_secs(30),
+            base_wait: Duration::from_secs(600),
+            zstd_level: 3,
+            signing_key: None,
+            recipients: None,
+            trusted: None,
+            chain_keys: None,
+        }
+    }
+
+    fn kinds(&self) -> Vec<KindProfile> {
+        // Secret and BMCSecret never: the profile denies them whatever it says.
+        self.profile.kinds.iter().filter(|k| !k.is_denied()).cloned().collect()
+    }
+}
+
+/// What a journal run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JournalSummary {
+    pub segments: u64,
+    pub bases: Vec<String>,
+}
+
+/// The chain being extended.
+struct Chain {
+    base: Manifest,
+    next: u64,
+    previous: Option<String>,
+    /// The point in time the chain brings a restore to.
+    point: Timestamp,
+    /// The chain stops at a gap this journal cannot write past (a corrupt or refused segment
+    /// of an earlier writer): nothing is written until a newer base.
+    broken: Option<String>,
+}
+
+/// What a watch tells the loop: the kind (its index) and the event.
+enum Seen {
+    Event(usize, Box<WatchEvent<kube::api::DynamicObject>>),
+    Unavailable(usize, String),
+}
+
+/// Runs the journal until `stop` completes; then writes a final segment of what is pending.
+pub async fn run(
+    client: &kube::Client,
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    stop: impl Future<Output = ()>,
+) -> Result<JournalSummary> {
+    tokio::pin!(stop);
+    let kinds = opts.kinds();
+    let mut summary = JournalSummary::default();
+    let first = tokio::select! {
+        first = wait_for_base(store, opts) => Some(first?),
+        _ = &mut stop => None,
+    };
+    let Some((mut chain, mut state)) = first else {
+        info!("journal stopped before a base snapshot was found");
+        return Ok(summary);
+    };
+    summary.bases.push(chain.base.snapshot_id.to_string());
+    let (mut watches, mut events) = start_watches(client, &kinds, opts);
+    let mut cut_tick = tokio::time::interval(opts.interval);
+    cut_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut base_tick = tokio::time::interval(opts.base_refresh);
+    base_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    base_tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            seen = events.recv() => match seen {
+                Some(seen) => {
+                    let before = state.all_listed(&kinds);
+                    observe(&mut state, &kinds, seen);
+                    if !before && state.all_listed(&kinds) {
+                        info!(base = %chain.base.snapshot_id, pending = state.pending(), "every kind listed and diffed against the chain");
+                    }
+                }
+                None => return Err(Error::io("journal watches", std::io::Error::other("every watch ended"))),
+            },
+            _ = cut_tick.tick() => {
+                if state.all_listed(&kinds) {
+                    summary.segments += write_segment(store, opts, &mut chain, &mut state).await;
+                }
+            }
+            _ = base_tick.tick() => {
+                let Some(newer) = newer_base(store, opts, &chain.base.snapshot_id).await else { continue };
+                // The old chain first: what is pending belongs to it.
+                if state.all_listed(&kinds) {
+                    summary.segments += write_segment(store, opts, &mut chain, &mut state).await;
+                }
+                info!(old = %chain.base.snapshot_id, new = %newer.0.base.snapshot_id, "a newer base snapshot: a new chain starts on it");
+                (chain, state) = newer;
+                summary.bases.push(chain.base.snapshot_id.to_string());
+                // The watches list everything again, diffed against the new base.
+                watches.abort_all();
+                (watches, events) = start_watches(client, &kinds, opts);
+            }
+        }
+    }
+    // Stopped: a final segment of what is pending, if every kind was listed.
+    if state.all_listed(&kinds) {
+        summary.segments += write_segment(store, opts, &mut chain, &mut state).await;
+    } else if state.pending() > 0 {
+        warn!("stopped before every kind was listed: the changes seen are left for the next run, which lists again");
+    }
+    watches.abort_all();
+    info!(segments = summary.segments, base = %chain.base.snapshot_id, next = chain.next, "journal stopped");
+    Ok(summary)
+}
+
+/// The newest complete snapshot that verifies, its records and its chain as the journal's
+/// state; waits for one (polling every interval, logged) up to `base_wait`.
+async fn wait_for_base(store: &SnapshotStore, opts: &JournalOptions) -> Result<(Chain, JournalState)> {
+    let deadline = tokio::time::Instant::now() + opts.base_wait;
+    loop {
+        match load_base(store, opts, None).await {
+            Ok(Some(loaded)) => return Ok(loaded),
+            Ok(None) => unreachable!("no current base: a base or an error"),
+            Err(e @ (Error::NoSnapshot { .. } | Error::NoGoodSnapshot { .. })) => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(e);
+                }
+                info!(error = %e, wait = ?opts.base_wait, "waiting for a first snapshot to chain the journal to");
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(opts.interval.max(Duration::from_secs(1))).await;
+    }
+}
+
+/// A newer base than `current`, loaded, or `None` (none, or it cannot be read: logged).
+async fn newer_base(
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    current: &SnapshotId,
+) -> Option<(Chain, JournalState)> {
+    match load_base(store, opts, Some(current)).await {
+        Ok(newer) => newer,
+        Err(e) => {
+            warn!(error = %e, "cannot look for a newer base snapshot; the current chain goes on");
+            None
+        }
+    }
+}
+
+/// Loads the newest good snapshot (unless it is `current`: `None`) and its chain.
+async fn load_base(
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    current: Option<&SnapshotId>,
+) -> Result<Option<(Chain, JournalState)>> {
+    // Any capture will do as a base: a restore judges the points of the chain itself.
+    let accept = Accept { inconsistent: true, same_cluster: true, trusted: opts.trusted.clone(), ..Accept::default() };
+    let loaded = match current {
+        None => choose_snapshot(store, None, &accept).await?,
+        Some(current) => match crate::store::choose_newer(store, current, &accept).await? {
+            Some(loaded) => loaded,
+            None => return Ok(None),
+        },
+    };
+    let manifest = loaded.manifest;
+    let id = manifest.snapshot_id.clone();
+    let mut records = Vec::with_capacity(loaded.records.len());
+    for i in 0..loaded.records.len() {
+        records.push(loaded.records.record(i)?);
+    }
+    let mut state = JournalState::at_point(records.iter());
+    drop(records);
+    let read = store.read_chain(&id, manifest.created_at, opts.chain_keys.as_deref()).await?;
+    for link in &read.links {
+        state.apply(&link.records);
+    }
+    let broken = read.stop_message(manifest.created_at);
+    if let Some(broken) = &broken {
+        error!(base = %id, "the journal cannot extend this chain: {broken}; it waits for a newer base snapshot");
+    }
+    let chain = Chain {
+        next: read.next_sequence(),
+        previous: read.last_sha256(),
+        point: read.links.last().map_or(manifest.created_at, |l| l.header.to),
+        base: manifest,
+        broken,
+    };
+    info!(base = %id, objects = state.objects(), resumes_at = chain.next, "journal chained to its base");
+    Ok(Some((chain, state)))
+}
+
+/// One watch task per kind, into one channel.
+fn start_watches(
+    client: &kube::Client,
+    kinds: &[KindProfile],
+    opts: &JournalOptions,
+) -> (JoinSet<()>, mpsc::Receiver<Seen>) {
+    let (tx, rx) = mpsc::channel(1024);
+    let mut set = JoinSet::new();
+    for (index, kind) in kinds.iter().enumerate() {
+        let (client, kind, tx, selector) = (client.clone(), kind.clone(), tx.clone(), opts.selector.clone());
+        set.spawn(async move {
+            let request = WatchRequest { namespace: None, selector: selector.as_deref(), page_size: 100 };
+            let mut events = watch_objects(&client, &kind, &request);
+            let mut unavailable = false;
+            loop {
+                let seen = match events.try_next().await {
+                    Ok(Some(event)) => Seen::Event(index, Box::new(event)),
+                    Ok(None) => return,
+                    Err(e) => match unavailable_reason(&e) {
+                        Some(reason) if !unavailable => {
+                            unavailable = true;
+                            Seen::Unavailable(index, reason)
+                        }
+                        Some(_) => continue,
+                        None => {
+                            warn!(kind = kind.kind, error = %e, "watch interrupted; resumed after a backoff (listed again if its resourceVersion expired)");
+                            continue;
+                        }
+                    },
+                };
+                if tx.send(seen).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    (set, rx)
+}
+
+fn observe(state: &mut JournalState, kinds: &[KindProfile], seen: Seen) {
+    let (index, event) = match seen {
+        Seen::Unavailable(index, reason) => {
+            warn!(kind = kinds[index].kind, reason, "kind cannot be watched; journaled without it");
+            state.unavailable(&kinds[index]);
+            return;
+        }
+        Seen::Event(index, event) => (index, event),
+    };
+    let kind = &kinds[index];
+    let parse = |object: &kube::api::DynamicObject, state: &mut JournalState| match serde_json::to_string(object) {
+        Ok(json) => match RawObject::parse(&json) {
+            Ok(raw) => state.seen(kind, &raw),
+            Err(e) => warn!(kind = kind.kind, error = %e, "object not understood; skipped"),
+        },
+        Err(e) => warn!(kind = kind.kind, error = %e, "object not understood; skipped"),
+    };
+    match *event {
+        WatchEvent::Init => state.list_started(kind),
+        WatchEvent::InitApply(object) | WatchEvent::Apply(object) => parse(&object, state),
+        WatchEvent::InitDone => {
+            state.list_done(kind);
+            debug!(kind = kind.kind, "kind listed");
+        }
+        WatchEvent::Delete(object) => {
+            let rv = object.metadata.resource_version.clone();
+            let name = object.metadata.name.clone().unwrap_or_default();
+            state.deleted(kind, object.metadata.namespace.as_deref().filter(|n| !n.is_empty()), &name, rv);
+        }
+    }
+}
+
+/// Writes one segment of what differs from the chain, if anything does. 1 when one was written.
+async fn write_segment(
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    chain: &mut Chain,
+    state: &mut JournalState,
+) -> u64 {
+    if let Some(broken) = &chain.broken {
+        if state.pending() > 0 {
+            debug!(base = %chain.base.snapshot_id, "changes not journaled: {broken}");
+        }
+        return 0;
+    }
+    let Some(cut) = state.cut() else { return 0 };
+    match put(store, opts, chain, &cut).await {
+        Ok(()) => {
+            state.written(&cut);
+            1
+        }
+        Err(e) => {
+            warn!(base = %chain.base.snapshot_id, segment = chain.next, error = %e, "segment not written; its changes go into the next");
+            // A header written whose answer was lost, or another writer: read the chain again.
+            if matches!(&e, Error::Store { source: object_store::Error::AlreadyExists { .. }, .. }) {
+                match store.read_chain(&chain.base.snapshot_id, chain.base.created_at, opts.chain_keys.as_deref()).await
+                {
+                    Ok(read) => {
+                        for link in read.links.iter().filter(|l| l.header.sequence >= chain.next) {
+                            state.apply(&link.records);
+                        }
+                        chain.next = read.next_sequence();
+                        chain.previous = read.last_sha256();
+                        chain.point = read.links.last().map_or(chain.base.created_at, |l| l.header.to);
+                        chain.broken = read.stop_message(chain.base.created_at);
+                    }
+                    Err(e) => warn!(error = %e, "cannot read the chain again"),
+                }
+            }
+            state.put_back(cut);
+            0
+        }
+    }
+}
+
+async fn put(store: &SnapshotStore, opts: &JournalOptions, chain: &mut Chain, cut: &Cut) -> Result<()> {
+    let mut encoder = PayloadEncoder::with_recipients(opts.zstd_level, opts.recipients.as_deref())
+        .map_err(|e| Error::io("start a segment", e))?;
+    let mut bytes = Vec::new();
+    for record in &cut.records {
+        encoder.push(record).map_err(|e| Error::io("encode a segment", e))?;
+        bytes.extend(encoder.take_output());
+    }
+    let (tail, payload) = encoder.finish().map_err(|e| Error::io("finish a segment", e))?;
+    bytes.extend(tail);
+    let to = Timestamp::now().max(chain.point);
+    let mut header = SegmentHeader::new(
+        store.cluster_id(),
+        &chain.base.snapshot_id,
+        chain.next,
+        chain.previous.clone(),
+        chain.point,
+        to,
+        cut.resource_versions.clone(),
+        (cut.changed, cut.deleted),
+        payload,
+        Some(cut.consistency.clone()),
+    );
+    let size = bytes.len();
+    let stored = store.put_segment(&mut header, bytes, opts.signing_key.as_deref()).await?;
+    info!(base = %chain.base.snapshot_id, segment = chain.next, changed = cut.changed, deleted = cut.deleted,
+        bytes = size, consistent = cut.consistency.consistent, to = %to, "journal segment written");
+    chain.previous = Some(sha256_hex(&stored));
+    chain.next += 1;
+    chain.point = to;
+    Ok(())
+}

@@ -1,0 +1,458 @@
+//! Journal segments in the store: beside their base snapshot, in its folder's `journal/`.
+//!
+//! ```text
+//! <prefix>/<cluster-id>/<base-snapshot-id>/journal/00000001.jsonl.zst   the records, first
+//! <prefix>/<cluster-id>/<base-snapshot-id>/journal/00000001.json.sig    a signed segment's signature
+//! <prefix>/<cluster-id>/<base-snapshot-id>/journal/00000001.json        the header, last, create-only
+//! ```
+//!
+//! A segment without its header does not exist for readers, as a snapshot without its manifest:
+//! an upload that dies half-way never looks complete. Snapshot listings see only the objects
+//! directly in a snapshot's folder, so a bucket with segments lists as before.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutMode, PutOptions};
+use tracing::{info, warn};
+
+use super::SnapshotStore;
+use crate::format::{
+    Candidate, Chain, ChainStop, JOURNAL_DIR, MAX_SEGMENT_HEADER, MAX_SIGNATURE, Manifest, Payload,
+    SEGMENT_HEADER_SUFFIX, SEGMENT_PAYLOAD_SUFFIX, SEGMENT_SIGNATURE_SUFFIX, SegmentHeader, SigningKey, SnapshotId,
+    TrustedKeys, check_link, open_payload, segment_file, segment_name,
+};
+use crate::{Error, Result};
+
+/// What a listing knows of one sequence number of a base's journal.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentEntry {
+    pub sequence: u64,
+    /// Its header exists: for readers the segment exists.
+    pub header: bool,
+    pub payload_size: Option<u64>,
+    pub signature: bool,
+}
+
+impl SnapshotStore {
+    fn journal_dir(&self, base: &SnapshotId) -> Path {
+        self.dir(base).join(JOURNAL_DIR)
+    }
+
+    fn segment_path(&self, base: &SnapshotId, sequence: u64, suffix: &str) -> Path {
+        self.journal_dir(base).join(segment_file(sequence, suffix))
+    }
+
+    /// The objects of a base's journal, by sequence number.
+    pub async fn list_segments(&self, base: &SnapshotId) -> Result<Vec<SegmentEntry>> {
+        let dir = self.journal_dir(base);
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store(format!("list the journal of snapshot {base}"), e))?;
+        let mut entries: BTreeMap<u64, SegmentEntry> = BTreeMap::new();
+        for object in objects {
+            let Some(name) = object.location.filename() else { continue };
+            let Some((digits, suffix)) = name.split_at_checked(8) else { continue };
+            let Ok(sequence) = digits.parse::<u64>() else { continue };
+            if !digits.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let entry = entries.entry(sequence).or_insert(SegmentEntry { sequence, ..Default::default() });
+            match suffix {
+                SEGMENT_HEADER_SUFFIX => entry.header = true,
+                SEGMENT_PAYLOAD_SUFFIX => entry.payload_size = Some(object.size),
+                SEGMENT_SIGNATURE_SUFFIX => entry.signature = true,
+                _ => {}
+            }
+        }
+        Ok(entries.into_values().collect())
+    }
+
+    /// Writes a segment: its records first, then (signed, `signedBy` set to the key) its
+    /// signature, then its header, each create-only, so that a segment exists for readers only
+    /// once whole. Records left by an upload that died before its header (no header of that
+    /// sequence number) are replaced. The header's bytes as stored.
+    pub async fn put_segment(
+        &self,
+        header: &mut SegmentHeader,
+        records: Vec<u8>,
+        signing_key: Option<&SigningKey>,
+    ) -> Result<Bytes> {
+        let (base, seq) = (header.base_snapshot_id.clone(), header.sequence);
+        let what = segment_name(&base, seq);
+        let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+        let payload_path = self.segment_path(&base, seq, SEGMENT_PAYLOAD_SUFFIX);
+        let header_path = self.segment_path(&base, seq, SEGMENT_HEADER_SUFFIX);
+        let records = Bytes::from(records);
+        match self.store.put_opts(&payload_path, records.clone().into(), create.clone()).await {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) if !self.exists(&header_path).await? => {
+                warn!(segment = %what, "records of an upload that never completed (no header) replaced");
+                self.store
+                    .put(&payload_path, records.into())
+                    .await
+                    .map_err(|e| Error::store(format!("write the records of {what}"), e))?;
+            }
+            Err(e) => return Err(Error::store(format!("write the records of {what}"), e)),
+        }
+        if let Some(key) = signing_key {
+            header.signed_by = Some(key.id().clone());
+        }
+        let bytes = Bytes::from(header.to_json());
+        if let Some(key) = signing_key {
+            let path = self.segment_path(&base, seq, SEGMENT_SIGNATURE_SUFFIX);
+            let signature = Bytes::from(key.sign_segment(&bytes));
+            match self.store.put_opts(&path, signature.clone().into(), create.clone()).await {
+                Ok(_) => {}
+                Err(object_store::Error::AlreadyExists { .. }) if !self.exists(&header_path).await? => {
+                    self.store
+                        .put(&path, signature.into())
+                        .await
+                        .map_err(|e| Error::store(format!("write the signature of {what}"), e))?;
+                }
+                Err(e) => return Err(Error::store(format!("write the signature of {what}"), e)),
+            }
+        }
+        self.store
+            .put_opts(&header_path, bytes.clone().into(), create)
+            .await
+            .map_err(|e| Error::store(format!("write the header of {what}"), e))?;
+        Ok(bytes)
+    }
+
+    async fn exists(&self, path: &Path) -> Result<bool> {
+        match self.store.head(path).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(Error::store(format!("read {path}"), e)),
+        }
+    }
+
+    /// An object of a segment, at most `limit` bytes (a larger one is not read): `Ok(None)` when
+    /// missing, `Err(reason)` when too large.
+    async fn segment_object(&self, path: &Path, limit: u64) -> Result<std::result::Result<Option<Bytes>, String>> {
+        let context = || format!("read {path}");
+        match self.store.head(path).await {
+            Ok(meta) if meta.size > limit => {
+                return Ok(Err(format!("{} has {} bytes, more than it can have ({limit})", path, meta.size)));
+            }
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => return Ok(Ok(None)),
+            Err(e) => return Err(Error::store(context(), e)),
+        }
+        match self.store.get(path).await {
+            Ok(result) => result.bytes().await.map(|b| Ok(Some(b))).map_err(|e| Error::store(context(), e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(Ok(None)),
+            Err(e) => Err(Error::store(context(), e)),
+        }
+    }
+
+    /// Reads and verifies a base's chain: segment 1, 2, … while each has a header, checked
+    /// against the chain so far (see [`check_link`]); with `trusted` keys, each header's
+    /// signature first. Stops at the first gap (a missing sequence number before a later
+    /// header, a corrupt, foreign, unchained, unsigned or badly signed segment), saying where
+    /// and why. Segments without a header after the last one are uploads that never completed:
+    /// not there. A store that cannot be read is an error.
+    pub async fn read_chain(
+        &self,
+        base: &SnapshotId,
+        base_time: jiff::Timestamp,
+        trusted: Option<&TrustedKeys>,
+    ) -> Result<Chain> {
+        let entries = self.list_segments(base).await?;
+        let mut chain = Chain::empty(base.clone());
+        let decryption = self.decryption.clone();
+        let open = move |m: &Manifest, p: Payload| open_payload(m, p, decryption.as_deref(), None);
+        let last_header = entries.iter().filter(|e| e.header).map(|e| e.sequence).max();
+        let Some(last_header) = last_header else { return Ok(chain) };
+        loop {
+            let sequence = chain.next_sequence();
+            if sequence > last_header {
+                break;
+            }
+            let what = segment_name(base, sequence);
+            let stop = |reason: String| Some(ChainStop { sequence, reason });
+            let entry = entries.iter().find(|e| e.sequence == sequence && e.header);
+            let result = match entry {
+                None => {
+                    let next = entries.iter().filter(|e| e.header && e.sequence > sequence).map(|e| e.sequence).min();
+                    Err(format!("is missing (the next segment found is {})", next.unwrap_or(sequence)))
+                }
+                Some(_) => {
+                    let header_path = self.segment_path(base, sequence, SEGMENT_HEADER_SUFFIX);
+                    match self.segment_object(&header_path, MAX_SEGMENT_HEADER).await? {
+                        Err(reason) => Err(format!("is corrupt: {reason}")),
+                        Ok(None) => Err("is missing (no header)".to_string()),
+                        Ok(Some(header)) => {
+                            let signature = match trusted {
+                                None => None,
+                                Some(keys) => {
+                                    Some(self.check_segment_signature(keys, base, sequence, &what, &header).await?)
+                                }
+                            };
+                            let payload_path = self.segment_path(base, sequence, SEGMENT_PAYLOAD_SUFFIX);
+                            let limit = self.max_payload;
+                            let payload = match self.segment_object(&payload_path, limit).await? {
+                                Err(reason) => Err(format!("is corrupt: {reason}")),
+                                Ok(payload) => Ok(payload.map(Payload::from)),
+                            };
+                            match payload {
+                                Err(reason) => Err(reason),
+                                Ok(payload) => {
+                                    let candidate =
+                                        Candidate { sequence, header: Some(&header), signature, payload, open: &open };
+                                    check_link(&chain, self.cluster_id(), base_time, candidate)
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+            match result {
+                Ok(link) => chain.links.push(link),
+                Err(reason) => {
+                    chain.stop = stop(reason);
+                    break;
+                }
+            }
+        }
+        if let Some(message) = chain.stop_message(base_time) {
+            warn!(base = %base, "journal chain stops early: {message}");
+        } else if !chain.links.is_empty() {
+            info!(base = %base, segments = chain.links.len(), "journal chain read and verified");
+        }
+        Ok(chain)
+    }
+
+    /// The signature check of a segment header: the signer, or why it is refused.
+    async fn check_segment_signature(
+        &self,
+        keys: &TrustedKeys,
+        base: &SnapshotId,
+        sequence: u64,
+        what: &str,
+        header: &[u8],
+    ) -> Result<std::result::Result<crate::format::KeyId, String>> {
+        let path = self.segment_path(base, sequence, SEGMENT_SIGNATURE_SUFFIX);
+        let signature = match self.segment_object(&path, MAX_SIGNATURE).await? {
+            Err(reason) => return Ok(Err(reason)),
+            Ok(signature) => signature,
+        };
+        let signed_by = SegmentHeader::from_json(what, header).ok().and_then(|h| h.signed_by);
+        Ok(keys.verify_segment(what, header, signed_by.as_ref(), signature.as_deref()).map_err(|e| match e {
+            Error::Unsigned { .. } => "the segment is not signed, and only signed segments are trusted".to_string(),
+            Error::BadSignature { reason, .. } => reason,
+            e => e.to_string(),
+        }))
+    }
+
+    /// Removes a base's journal (after its manifest: see [`SnapshotStore::delete`]), headers
+    /// first, so that a half-removed journal stops at a gap for readers.
+    pub(super) async fn delete_journal(&self, base: &SnapshotId) -> Result<()> {
+        let entries = self.list_segments(base).await?;
+        let mut paths: Vec<Path> = Vec::new();
+        for entry in entries.iter().rev() {
+            paths.push(self.segment_path(base, entry.sequence, SEGMENT_HEADER_SUFFIX));
+        }
+        for entry in &entries {
+            paths.push(self.segment_path(base, entry.sequence, SEGMENT_SIGNATURE_SUFFIX));
+            paths.push(self.segment_path(base, entry.sequence, SEGMENT_PAYLOAD_SUFFIX));
+        }
+        // Anything else in the journal folder (an object of a newer writer) goes too.
+        let dir = self.journal_dir(base);
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store(format!("list the journal of snapshot {base}"), e))?;
+        for object in objects {
+            if !paths.contains(&object.location) {
+                paths.push(object.location);
+            }
+        }
+        for path in paths {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::store(format!("delete {path} of snapshot {base}"), e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The stored bytes of a segment's object (tests damage them): `suffix` one of the
+    /// `SEGMENT_*_SUFFIX`es.
+    pub fn segment_object_path(&self, base: &SnapshotId, sequence: u64, suffix: &str) -> Path {
+        self.segment_path(base, sequence, suffix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::{record, ts, uuid};
+    use crate::format::{PayloadEncoder, Recipients, Record, tombstone};
+
+    const BASE_TIME: &str = "2026-11-30T09:00:00Z";
+
+    fn store() -> SnapshotStore {
+        SnapshotStore::open("memory://", "c").unwrap()
+    }
+
+    fn encode(records: &[Record], recipients: Option<&Recipients>) -> (Vec<u8>, crate::format::PayloadSummary) {
+        let mut encoder = PayloadEncoder::with_recipients(3, recipients).unwrap();
+        let mut out = Vec::new();
+        for r in records {
+            encoder.push(r).unwrap();
+            out.extend(encoder.take_output());
+        }
+        let (tail, summary) = encoder.finish().unwrap();
+        out.extend(tail);
+        (out, summary)
+    }
+
+    /// Appends one segment of `records` to the chain in the store.
+    async fn append(store: &SnapshotStore, base: &SnapshotId, records: &[Record], key: Option<&SigningKey>) -> u64 {
+        let chain = store.read_chain(base, ts(BASE_TIME), None).await.unwrap();
+        let seq = chain.next_sequence();
+        let (bytes, summary) = encode(records, None);
+        let from = chain.links.last().map_or(ts(BASE_TIME), |l| l.header.to);
+        let to = from + jiff::SignedDuration::from_secs(5);
+        let deleted = records.iter().filter(|r| crate::format::is_tombstone(r)).count() as u64;
+        let mut header = SegmentHeader::new(
+            "c",
+            base,
+            seq,
+            chain.last_sha256(),
+            from,
+            to,
+            BTreeMap::new(),
+            (records.len() as u64 - deleted, deleted),
+            summary,
+            None,
+        );
+        let stored = store.put_segment(&mut header, bytes, key).await.unwrap();
+        assert_eq!(stored.as_ref(), header.to_json().as_slice());
+        seq
+    }
+
+    fn server(name: &str, state: &str) -> Record {
+        record("Server", name, &[uuid(name)], json!({"state": state}))
+    }
+
+    #[tokio::test]
+    async fn segments_are_written_listed_and_read_back_as_a_verified_chain() {
+        let store = store();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        assert!(store.read_chain(&base, ts(BASE_TIME), None).await.unwrap().links.is_empty());
+        assert_eq!(append(&store, &base, &[server("a", "Reserved")], None).await, 1);
+        assert_eq!(append(&store, &base, &[tombstone(&server("b", "x"))], None).await, 2);
+        let listed = store.list_segments(&base).await.unwrap();
+        assert_eq!(listed.iter().map(|e| (e.sequence, e.header)).collect::<Vec<_>>(), [(1, true), (2, true)]);
+        let chain = store.read_chain(&base, ts(BASE_TIME), None).await.unwrap();
+        assert_eq!(chain.links.len(), 2);
+        assert_eq!(chain.stop, None);
+        assert_eq!(chain.links[1].header.previous_sha256, Some(chain.links[0].sha256.clone()));
+        // Snapshot listings do not see the journal.
+        assert!(store.list().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_header_is_never_overwritten_and_a_headerless_upload_is_not_there() {
+        let store = store();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        append(&store, &base, &[server("a", "Reserved")], None).await;
+        // The upload of segment 2 died after its records: no header.
+        let path = store.segment_object_path(&base, 2, SEGMENT_PAYLOAD_SUFFIX);
+        store.store.put(&path, Bytes::from_static(b"half").into()).await.unwrap();
+        let chain = store.read_chain(&base, ts(BASE_TIME), None).await.unwrap();
+        assert_eq!((chain.links.len(), chain.stop.clone()), (1, None), "not there, and no gap");
+        // The next writer replaces the dead records and completes segment 2.
+        assert_eq!(append(&store, &base, &[server("a", "Available")], None).await, 2);
+        let chain = store.read_chain(&base, ts(BASE_TIME), None).await.unwrap();
+        assert_eq!(chain.links.len(), 2);
+        // A header is create-only: writing segment 2 again fails.
+        let (bytes, summary) = encode(&[server("z", "x")], None);
+        let mut header = SegmentHeader::new(
+            "c",
+            &base,
+            2,
+            None,
+            ts(BASE_TIME),
+            ts(BASE_TIME),
+            BTreeMap::new(),
+            (1, 0),
+            summary,
+            None,
+        );
+        assert!(store.put_segment(&mut header, bytes, None).await.is_err());
+        assert_eq!(store.read_chain(&base, ts(BASE_TIME), None).await.unwrap().links.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_corrupt_segment_stops_the_chain_before_it() {
+        let store = store();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        for state in ["a", "b", "c"] {
+            append(&store, &base, &[server("s", state)], None).await;
+        }
+        let payload = store.segment_object_path(&base, 2, SEGMENT_PAYLOAD_SUFFIX);
+        let mut bytes = store.store.get(&payload).await.unwrap().bytes().await.unwrap().to_vec();
+        bytes[4] ^= 0x55;
+        store.store.put(&payload, Bytes::from(bytes).into()).await.unwrap();
+        let chain = store.read_chain(&base, ts(BASE_TIME), None).await.unwrap();
+        assert_eq!(chain.links.len(), 1);
+        let stop = chain.stop.clone().unwrap();
+        assert_eq!(stop.sequence, 2);
+        assert!(stop.reason.contains("corrupt"), "{}", stop.reason);
+        // Missing header in the middle: a gap.
+        store.store.delete(&store.segment_object_path(&base, 2, SEGMENT_HEADER_SUFFIX)).await.unwrap();
+        let chain = store.read_chain(&base, ts(BASE_TIME), None).await.unwrap();
+        assert_eq!(chain.links.len(), 1);
+        assert!(chain.stop.unwrap().reason.contains("missing (the next segment found is 3)"));
+    }
+
+    #[tokio::test]
+    async fn with_trusted_keys_an_unsigned_or_forged_segment_stops_the_chain() {
+        let store = store();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        let key = SigningKey::generate();
+        let trusted = TrustedKeys::new([key.public_key()]);
+        append(&store, &base, &[server("s", "a")], Some(&key)).await;
+        append(&store, &base, &[server("s", "b")], None).await;
+        let chain = store.read_chain(&base, ts(BASE_TIME), Some(&trusted)).await.unwrap();
+        assert_eq!(chain.links.len(), 1);
+        assert_eq!(chain.links[0].signer.as_ref(), Some(key.id()));
+        let stop = chain.stop.unwrap();
+        assert_eq!(stop.sequence, 2);
+        assert!(stop.reason.contains("not signed"), "{}", stop.reason);
+        // Without keys nothing is checked.
+        assert_eq!(store.read_chain(&base, ts(BASE_TIME), None).await.unwrap().links.len(), 2);
+        // A forger's signature beside a rewritten header.
+        let forger = SigningKey::generate();
+        let other = SnapshotId::new(ts("2026-11-30T10:00:00Z"));
+        append(&store, &other, &[server("s", "a")], Some(&forger)).await;
+        let chain = store.read_chain(&other, ts(BASE_TIME), Some(&trusted)).await.unwrap();
+        assert!(chain.links.is_empty());
+        assert!(chain.stop.unwrap().reason.contains("not a trusted key"));
+    }
+
+    #[tokio::test]
+    async fn deleting_a_snapshot_removes_its_journal() {
+        let store = store();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        append(&store, &base, &[server("s", "a")], None).await;
+        append(&store, &base, &[server("s", "b")], None).await;
+        store.delete(&base).await.unwrap();
+        assert!(store.files(&base).await.unwrap().is_empty(), "{:?}", store.files(&base).await.unwrap());
+    }
+}
