@@ -204,7 +204,7 @@ impl Loop {
         ctx.metrics.retrying.set(self.retries.len() as i64);
         ctx.metrics.quiesced.set(self.live.quiesced() as i64);
         let drained = self.dirty.is_empty() || stopping.load(Ordering::Relaxed);
-        reconcile::summarize(ctx, &self.kinds, drained).await;
+        reconcile::summarize(ctx, &self.kinds, drained);
     }
 }
 

@@ -183,7 +183,7 @@ const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 /// last ones, once there is nothing left to reconcile (`drained`), or every
 /// [`SUMMARY_EVERY`] while a long restore goes on; objects that need attention have Events of
 /// their own (see `restore::apply`).
-pub(super) async fn summarize(ctx: &Context, kinds: &[KindProfile], drained: bool) {
+pub(super) fn summarize(ctx: &Context, kinds: &[KindProfile], drained: bool) {
     let due = {
         let mut summaries = ctx.summaries.lock().unwrap_or_else(|e| e.into_inner());
         let ready = summaries.since.is_some_and(|since| drained || since.elapsed() >= SUMMARY_EVERY);
@@ -196,7 +196,8 @@ pub(super) async fn summarize(ctx: &Context, kinds: &[KindProfile], drained: boo
     let Some(writer) = ctx.writer.get() else { return };
     for ((kind, snapshot), summary) in due.iter().filter(|(_, s)| !s.is_empty()) {
         if let Some(kind) = kinds.iter().find(|k| &k.kind == kind) {
-            writer.summary_event(kind, &summary.event(&kind.plural, snapshot)).await;
+            // Spawned: the loop never waits on an API server for an Event (see `Writer`).
+            tokio::spawn(writer.summary_event_owned(kind, summary.event(&kind.plural, snapshot)));
         }
     }
 }

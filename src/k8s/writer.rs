@@ -21,6 +21,9 @@ pub const FIELD_MANAGER: &str = TOOL_NAME;
 
 /// What writing needs beyond one snapshot: the client, who reports Events, and which kinds
 /// have a status subresource. Lives as long as the restore run or the controller.
+/// How long the controller tries to publish one summary Event.
+const EVENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub struct Writer {
     client: kube::Client,
     reporter: Reporter,
@@ -181,9 +184,25 @@ impl Writer {
     /// Publishes an Event summing up a restore of `kind`'s objects, about the kind's
     /// CustomResourceDefinition (cluster-scoped: the Event is in the `default` namespace), so
     /// that `kubectl get events --field-selector regarding.name=<plural>.<group>` finds it.
-    pub async fn summary_event(&self, kind: &KindProfile, event: &Event) {
-        let reference = events::crd_reference(kind);
-        events::publish_once(&self.client, &self.reporter, event, &reference).await;
+    pub async fn summary_event(&self, kind: &KindProfile, event: Event) {
+        self.summary_event_owned(kind, event).await;
+    }
+
+    /// [`Writer::summary_event`] as a future of its own, to be spawned: the controller's loop
+    /// never waits for an Event (its retries last up to a minute on an API server that went
+    /// away), and gives it up after [`EVENT_TIMEOUT`].
+    pub fn summary_event_owned(
+        &self,
+        kind: &KindProfile,
+        event: Event,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (client, reporter, reference) = (self.client.clone(), self.reporter.clone(), events::crd_reference(kind));
+        async move {
+            let published = events::publish_once(&client, &reporter, &event, &reference);
+            if tokio::time::timeout(EVENT_TIMEOUT, published).await.is_err() {
+                tracing::warn!(object = ?reference.name, reason = %event.reason, "gave up an event after {EVENT_TIMEOUT:?}");
+            }
+        }
     }
 
     /// Reads the object again, raw.

@@ -285,7 +285,7 @@ async fn restore(
             }
         }
         if let Some(writer) = writer.as_ref().filter(|_| !applied.summary.is_empty()) {
-            writer.summary_event(kind, &applied.summary.event(&kind.plural, manifest.snapshot_id.as_str())).await;
+            writer.summary_event(kind, applied.summary.event(&kind.plural, manifest.snapshot_id.as_str())).await;
         }
         tally.report.writes += applied.writes;
         tally.report.outcomes.extend(applied.outcomes);
