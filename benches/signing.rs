@@ -55,14 +55,7 @@ async fn backup(
     let started = Instant::now();
     let now = jiff::Timestamp::now();
     let id = SnapshotId::new(now);
-    let mut encoder = PayloadEncoder::with_recipients(3, to).unwrap();
-    let mut payload = Vec::new();
-    for r in records {
-        encoder.push(r).unwrap();
-        payload.extend(encoder.take_output());
-    }
-    let (tail, summary) = encoder.finish().unwrap();
-    payload.extend(tail);
+    let (payload, summary) = PayloadEncoder::encode_all(3, to, records).unwrap();
     object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
         .await
         .unwrap();

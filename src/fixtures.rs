@@ -184,15 +184,7 @@ pub async fn write_snapshot(
 
 /// Records as a payload: its bytes and summary.
 pub fn encode(records: &[Record]) -> (Vec<u8>, PayloadSummary) {
-    let mut encoder = crate::format::PayloadEncoder::new(3).expect("an encoder");
-    let mut out = Vec::new();
-    for r in records {
-        encoder.push(r).expect("a record encodes");
-        out.extend(encoder.take_output());
-    }
-    let (tail, summary) = encoder.finish().expect("a payload ends");
-    out.extend(tail);
-    (out, summary)
+    crate::format::PayloadEncoder::encode_all(3, None, records).expect("records encode")
 }
 
 /// Appends a segment of `records` to the journal of `base`, `secs` seconds after the chain's

@@ -39,15 +39,7 @@ fn record(i: usize, status: &str) -> Record {
 }
 
 fn encode(records: &[Record]) -> (Vec<u8>, restatus::format::PayloadSummary) {
-    let mut encoder = PayloadEncoder::new(3).unwrap();
-    let mut out = Vec::new();
-    for r in records {
-        encoder.push(r).unwrap();
-        out.extend(encoder.take_output());
-    }
-    let (tail, summary) = encoder.finish().unwrap();
-    out.extend(tail);
-    (out, summary)
+    PayloadEncoder::encode_all(3, None, records).unwrap()
 }
 
 fn empty_capture() -> CaptureSummary {

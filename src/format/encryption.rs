@@ -344,14 +344,7 @@ mod tests {
 
     /// `records` as a backup writes them (encrypted to `to`), with their manifest.
     fn written(records: &[Record], to: Option<&Recipients>, capture: CaptureSummary) -> (Manifest, Vec<u8>) {
-        let mut encoder = PayloadEncoder::with_recipients(3, to).unwrap();
-        let mut payload = Vec::new();
-        for r in records {
-            encoder.push(r).unwrap();
-            payload.extend(encoder.take_output());
-        }
-        let (tail, summary) = encoder.finish().unwrap();
-        payload.extend(tail);
+        let (payload, summary) = PayloadEncoder::encode_all(3, to, records).unwrap();
         let at = ts(fixtures::SNAPSHOT_TIME);
         let manifest = Manifest::new("c", SnapshotId::new(at), at, "metal-operator", capture, summary);
         (manifest, payload)

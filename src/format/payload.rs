@@ -75,6 +75,24 @@ impl PayloadEncoder {
         Ok(encoder)
     }
 
+    /// `records` encoded whole, in memory (encrypted to `recipients`): a journal segment, or a
+    /// test's payload. A backup streams its payload part by part instead.
+    pub fn encode_all<'r>(
+        level: i32,
+        recipients: Option<&super::Recipients>,
+        records: impl IntoIterator<Item = &'r Record>,
+    ) -> std::io::Result<(Vec<u8>, PayloadSummary)> {
+        let mut encoder = Self::with_recipients(level, recipients)?;
+        let mut bytes = Vec::new();
+        for record in records {
+            encoder.push(record)?;
+            bytes.extend(encoder.take_output());
+        }
+        let (tail, summary) = encoder.finish()?;
+        bytes.extend(tail);
+        Ok((bytes, summary))
+    }
+
     pub fn push(&mut self, record: &Record) -> std::io::Result<()> {
         self.line.clear();
         serde_json::to_writer(&mut self.line, record)?;

@@ -490,14 +490,7 @@ mod tests {
         recipients: Option<&Recipients>,
         key: Option<&SigningKey>,
     ) -> Written {
-        let mut encoder = PayloadEncoder::with_recipients(3, recipients).unwrap();
-        let mut payload = Vec::new();
-        for r in records {
-            encoder.push(r).unwrap();
-            payload.extend(encoder.take_output());
-        }
-        let (tail, summary) = encoder.finish().unwrap();
-        payload.extend(tail);
+        let (payload, summary) = PayloadEncoder::encode_all(3, recipients, records).unwrap();
         let deleted = records.iter().filter(|r| is_tombstone(r)).count() as u64;
         let from = if minute == 1 { ts(BASE_TIME) } else { ts(&format!("2026-11-30T09:{:02}:00Z", minute - 1)) };
         let to = ts(&format!("2026-11-30T09:{minute:02}:00Z"));

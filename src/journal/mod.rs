@@ -364,15 +364,8 @@ async fn write_segment(
 }
 
 async fn put(store: &SnapshotStore, opts: &JournalOptions, chain: &mut Chain, cut: &Cut) -> Result<()> {
-    let mut encoder = PayloadEncoder::with_recipients(opts.zstd_level, opts.recipients.as_deref())
-        .map_err(|e| Error::io("start a segment", e))?;
-    let mut bytes = Vec::new();
-    for record in &cut.records {
-        encoder.push(record).map_err(|e| Error::io("encode a segment", e))?;
-        bytes.extend(encoder.take_output());
-    }
-    let (tail, payload) = encoder.finish().map_err(|e| Error::io("finish a segment", e))?;
-    bytes.extend(tail);
+    let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, opts.recipients.as_deref(), &cut.records)
+        .map_err(|e| Error::io("encode a segment", e))?;
     let to = Timestamp::now().max(chain.point);
     let mut header = SegmentHeader::new(
         store.cluster_id(),

@@ -309,15 +309,7 @@ mod tests {
     }
 
     fn encode(records: &[Record], recipients: Option<&Recipients>) -> (Vec<u8>, crate::format::PayloadSummary) {
-        let mut encoder = PayloadEncoder::with_recipients(3, recipients).unwrap();
-        let mut out = Vec::new();
-        for r in records {
-            encoder.push(r).unwrap();
-            out.extend(encoder.take_output());
-        }
-        let (tail, summary) = encoder.finish().unwrap();
-        out.extend(tail);
-        (out, summary)
+        PayloadEncoder::encode_all(3, recipients, records).unwrap()
     }
 
     /// Appends one segment of `records` to the chain in the store.
