@@ -627,3 +627,57 @@ async fn least_privilege_journal_service_account_journals_and_cannot_read_secret
     }
     bed.assert_allowed(&kubeconfig, &[vec!["get", "serverclaims.metal.ironcore.dev", "-A", "-l", &selector]]);
 }
+
+/// The bucket stops answering while a change is pending (S3 held by a proxy, the segment's
+/// upload waiting in it): the lag gauge keeps growing at each scrape (past 5 s here, where the
+/// alert's threshold is 60 s) and nothing is counted written; once the bucket answers again the
+/// segment is written, the gauge is back at 0 and the change's lag, more than the stall, is in
+/// the histogram.
+#[tokio::test]
+async fn a_stalled_bucket_shows_as_a_growing_lag_until_the_segment_is_written() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-stall"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
+    assert_success(&out, "backup");
+    let (proxy, proxied) = crate::bed::CountingProxy::for_s3().await;
+    let port = crate::metrics::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let journal = crate::metrics::Process::start_with(
+        &bed,
+        &bed.source_kubeconfig,
+        &storage,
+        &cluster,
+        &["journal", "--selector", &selector, "--journal-interval", "1s", "--metrics-addr", &addr],
+        &[("S3_ENDPOINT", &proxied), ("AWS_ENDPOINT_URL_S3", &proxied)],
+    );
+    let label = format!(r#"{{cluster_id="{cluster}"}}"#);
+    let get = |body: &str, name: &str| crate::metrics::value(body, &format!("{name}{label}"));
+    use crate::metrics::scrape_until as until;
+    until(&journal, port, Duration::from_secs(60), |b| get(b, "restatus_journal_ready") == Some(1.0)).await;
+
+    proxy.hold();
+    let server = spec.server_name(0);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let lagging = |b: &str| get(b, "restatus_journal_lag_seconds").is_some_and(|l| l >= 5.0);
+    let (_, body) = until(&journal, port, Duration::from_secs(20), lagging).await;
+    assert_eq!(get(&body, "restatus_journal_segments_total"), Some(0.0), "nothing written while held: {body}");
+    assert!(
+        proxy.requests().iter().any(|(method, target)| method == "PUT" && target.contains("/journal/")),
+        "the segment's upload waits in the proxy: {:?}",
+        proxy.requests()
+    );
+    proxy.resume();
+    let (_, body) = until(&journal, port, Duration::from_secs(60), |b| {
+        get(b, "restatus_journal_segments_total").is_some_and(|n| n >= 1.0)
+            && get(b, "restatus_journal_lag_seconds") == Some(0.0)
+    })
+    .await;
+    assert_eq!(get(&body, "restatus_journal_change_lag_seconds_count"), Some(1.0), "{body}");
+    let lag = get(&body, "restatus_journal_change_lag_seconds_sum").unwrap();
+    assert!(lag >= 5.0, "the change waited out the stall: {lag} s");
+}
