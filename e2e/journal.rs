@@ -484,6 +484,10 @@ async fn the_journal_exports_its_lag_and_snapshots_list_shows_its_segments() {
     assert_eq!(code, 503, "{text}");
     assert!(text.contains("not ready: no base snapshot"), "{text}");
     assert_eq!(http_get(port, "/healthz").map(|(c, _)| c), Some(200));
+    // A second journal on the same address stops at once, saying why.
+    let taken = bed.restatus(&storage, &cluster, &["journal", "--metrics-addr", &addr]);
+    assert!(!taken.status.success());
+    assert!(stderr(&taken).contains(&format!("--metrics-addr {addr}")), "{}", stderr(&taken));
 
     let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
     assert_success(&out, "backup");
