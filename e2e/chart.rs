@@ -110,7 +110,7 @@ fn kustomize(bed: &Bed, dir: &str) -> Vec<Value> {
 
 /// Only one role switched on.
 fn only(role: &str) -> Vec<String> {
-    ["backup", "controller", "source"].iter().map(|r| format!("{r}.enabled={}", *r == role)).collect()
+    ["backup", "controller", "source", "journal"].iter().map(|r| format!("{r}.enabled={}", *r == role)).collect()
 }
 
 fn sets(v: &[String]) -> Vec<&str> {
@@ -133,9 +133,12 @@ fn chart_lints_clean_with_every_role_and_monitoring() {
         "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
         "controller.enabled=true",
         "source.enabled=true",
+        "journal.enabled=true",
+        "journal.interval=2s",
         "metrics.podMonitor.enabled=true",
         "metrics.serviceMonitor.enabled=true",
         "prometheusRule.enabled=true",
+        "prometheusRule.journalMaxLagSeconds=30",
         "metrics.podMonitor.force=true",
         "metrics.serviceMonitor.force=true",
         "prometheusRule.force=true",
@@ -155,7 +158,15 @@ fn chart_lints_clean_with_every_role_and_monitoring() {
     }
     assert_success(&run(&helm, &args), "helm lint (every role, monitoring)");
     // values.schema.json: a misspelt value (top level or in a role) fails instead of being ignored.
-    for typo in ["stroage=s3://b/p", "controller.replica=3", "logFormat=text", "networkPolicy.enable=true"] {
+    for typo in [
+        "stroage=s3://b/p",
+        "controller.replica=3",
+        "logFormat=text",
+        "networkPolicy.enable=true",
+        "journal.intervall=5s",
+        "journal.interval=often",
+        "journal.replicas=2",
+    ] {
         let out = run(&helm, &["template", "x", CHART, "--kube-version", KUBE_VERSION, "--set", typo]);
         assert!(
             !out.status.success() && stderr(&out).contains("values don't meet the specifications"),
@@ -226,13 +237,19 @@ fn chart_notes_tell_each_role_what_it_did_and_what_to_check() {
         let text = stdout(&out);
         text[text.find("NOTES:").expect("NOTES printed")..].to_string()
     };
-    let all = notes(&["controller.enabled=true", "source.enabled=true", "controller.existingSecret=s3-ro"]);
+    let all = notes(&[
+        "controller.enabled=true",
+        "source.enabled=true",
+        "journal.enabled=true",
+        "controller.existingSecret=s3-ro",
+    ]);
     for line in [
         "backup: CronJob r-restatus-backup takes a snapshot under cluster id chart-source",
         "kubectl -n ns create job --from=cronjob/r-restatus-backup r-restatus-backup-manual",
         "source: Deployment r-restatus-source holds `clusterctl move -n default`",
         "controller: Deployment r-restatus-controller restores status from the snapshots of cluster chart-origin",
         "kubectl -n ns rollout status deployment/r-restatus-controller",
+        "journal: Deployment r-restatus-journal writes every status change under cluster id chart-source to the bucket within 5s",
         "Its keys: Secret s3-ro, which must be READ-ONLY",
         "metal.ironcore.dev: servers, bmcs, serverclaims, endpoints, servermaintenances, serverbootconfigurations",
     ] {
@@ -434,6 +451,88 @@ fn chart_two_replica_roles_have_a_disruption_budget_and_spread() {
     }
     let backup = objects(&render("r", &sets(&only("backup"))));
     assert!(!backup.iter().any(|o| o["kind"] == "PodDisruptionBudget"), "{:?}", kinds(&backup));
+}
+
+/// The journal role (issue 23): off by default; on, one Deployment of one replica, strategy
+/// Recreate, the same image, `journal` with the interval and the metrics address, its port and
+/// probes; the ServiceAccount may only get/list/watch the profile's kinds (no namespace, no
+/// Secret); the signing key and recipients reach it as where snapshots are written, the trusted
+/// keys and the decryption key as where they are read (it reads its base); a ServiceMonitor and
+/// a PodMonitor scrape it; NOTES say what it does.
+#[test]
+fn chart_journal_role_is_one_recreated_replica_that_watches_and_writes_segments() {
+    let defaults = objects(&render("r", &[]));
+    assert!(!defaults.iter().any(|o| o["metadata"]["name"] == "r-restatus-journal"), "{:?}", kinds(&defaults));
+    let on = [
+        "journal.enabled=true",
+        "journal.interval=2s",
+        "journal.extraArgs={--base-refresh=10s}",
+        "metrics.port=9090",
+        "signing.keySecret=sk",
+        "signing.trustedKeys={ed25519:AAAA}",
+        "signing.trustedKeysConfigMap=tk",
+        "encryption.recipients={age1aaaa}",
+        "encryption.recipientsConfigMap=rc",
+        "encryption.decryptionKeySecret=dk",
+        "metrics.podMonitor.enabled=true",
+        "metrics.podMonitor.force=true",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.force=true",
+    ];
+    let rendered = objects(&render("r", &on));
+    let deployment = find(&rendered, "Deployment", "r-restatus-journal");
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert_eq!(deployment["spec"]["strategy"], json!({"type": "Recreate"}));
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "r-restatus-journal");
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], "restatus:0.1.0");
+    assert_eq!(
+        container["args"],
+        json!(["journal", "--journal-interval=2s", "--metrics-addr=0.0.0.0:9090", "--base-refresh=10s"])
+    );
+    assert_eq!(container["ports"], json!([{"name": "http", "containerPort": 9090}]));
+    assert_eq!(container["livenessProbe"]["httpGet"], json!({"path": "/healthz", "port": "http"}));
+    assert_eq!(container["readinessProbe"]["httpGet"], json!({"path": "/readyz", "port": "http"}));
+    let spec = pod.clone();
+    assert_eq!(env(&spec, "RESTATUS_CLUSTER_ID"), Some(json!("chart-source")), "the backup's cluster id");
+    assert_eq!(env(&spec, "RESTATUS_SIGNING_KEY"), Some(json!("/etc/restatus/signing/signing.key")));
+    assert_eq!(env(&spec, "RESTATUS_TRUSTED_KEYS"), Some(json!("ed25519:AAAA,/etc/restatus/trusted-keys")));
+    assert_eq!(env(&spec, "RESTATUS_ENCRYPT_TO"), Some(json!("age1aaaa,/etc/restatus/encryption-recipients")));
+    assert_eq!(env(&spec, "RESTATUS_DECRYPTION_KEY"), Some(json!("/etc/restatus/decryption/decryption.agekey")));
+    for (volume_name, source, name) in [
+        ("signing-key", "secret", "sk"),
+        ("trusted-keys", "configMap", "tk"),
+        ("encryption-recipients", "configMap", "rc"),
+        ("decryption-key", "secret", "dk"),
+    ] {
+        let v = volume(&spec, volume_name).unwrap_or_else(|| panic!("no volume {volume_name}"));
+        let key = if source == "secret" { "secretName" } else { "name" };
+        assert_eq!(v[source][key], name, "{volume_name}");
+    }
+    assert!(volume(&spec, "tmp").is_some(), "the base's payload spills to /tmp");
+    let role = find(&rendered, "ClusterRole", "r-restatus-journal");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["metal.ironcore.dev"],
+                "resources": ["servers", "bmcs", "serverclaims", "endpoints", "servermaintenances", "serverbootconfigurations"],
+                "verbs": ["get", "list", "watch"]}]),
+        "the profile's kinds, read only; no namespace, no Secret"
+    );
+    let binding = find(&rendered, "ClusterRoleBinding", "r-restatus-journal");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "r-restatus-journal", "namespace": "r"}])
+    );
+    for kind in ["ServiceMonitor", "PodMonitor", "Service"] {
+        let name = if kind == "Service" { "r-restatus-journal-metrics" } else { "r-restatus-journal" };
+        find(&rendered, kind, name);
+    }
+    // The backup CronJob and the source role never get the decryption key, with the journal on.
+    let both = objects(&render("r", &[&on[..], &["source.enabled=true"]].concat()));
+    for (kind, role) in [("CronJob", "backup"), ("Deployment", "source")] {
+        assert_eq!(volume(&pod_spec(&both, kind, role), "decryption-key"), None, "{role}");
+    }
 }
 
 /// PodMonitor, ServiceMonitor and PrometheusRule, enabled, are rendered only where the cluster
@@ -649,13 +748,42 @@ fn kustomize_s3_ca_component_reaches_every_role() {
     }
 }
 
+/// manifests/journal with every component of manifests/components: the signing key and the
+/// recipients (it writes segments), the trusted keys and the decryption key (it reads its base)
+/// and the private CA reach the journal's container, as the chart's values reach its journal role.
+#[test]
+fn kustomize_components_wire_the_journal_as_the_chart_does() {
+    let bed = Bed::get();
+    let all = ["signing-key", "trusted-keys", "encryption-recipients", "decryption-key", "s3-ca"];
+    let spec = first_pod(&kustomize_overlay(&bed, "overlay-jrn-", "journal", &all), "Deployment");
+    assert_eq!(spec["containers"][0]["name"], "journal");
+    for (var, value) in [
+        ("RESTATUS_SIGNING_KEY", "/etc/restatus/signing/signing.key"),
+        ("RESTATUS_TRUSTED_KEYS", "/etc/restatus/trusted-keys"),
+        ("RESTATUS_ENCRYPT_TO", "/etc/restatus/encryption-recipients"),
+        ("RESTATUS_DECRYPTION_KEY", "/etc/restatus/decryption/decryption.agekey"),
+        ("RESTATUS_S3_CA_FILE", "/etc/restatus/s3-ca/ca.crt"),
+    ] {
+        assert_eq!(env(&spec, var), Some(json!(value)), "{var}");
+        let dir = value.rsplit_once('/').map_or(value, |(d, _)| d);
+        let dir = if var == "RESTATUS_TRUSTED_KEYS" || var == "RESTATUS_ENCRYPT_TO" { value } else { dir };
+        let mounts = spec["containers"][0]["volumeMounts"].to_string();
+        assert!(mounts.contains(dir), "{var}: {dir} not mounted: {mounts}");
+    }
+    for volume_name in ["signing-key", "trusted-keys", "encryption-recipients", "decryption-key", "s3-ca", "tmp"] {
+        assert!(volume(&spec, volume_name).is_some(), "no volume {volume_name}");
+    }
+}
+
 /// Released as `restatus` in namespace `restatus`, each role has the names of its kustomize
 /// folder: its ClusterRole, lease Role, admission policy and binding are equal to those, field
 /// for field; its pods run as the same user with the same limits, spread and disruption budget.
 #[test]
 fn chart_roles_mirror_the_kustomize_folders() {
     let bed = Bed::get();
-    for (role, workload_kind) in [("backup", "CronJob"), ("controller", "Deployment"), ("source", "Deployment")] {
+    for (role, workload_kind) in
+        [("backup", "CronJob"), ("controller", "Deployment"), ("source", "Deployment"), ("journal", "Deployment")]
+    {
         let chart = objects(&render("restatus", &sets(&only(role))));
         let kustomize = kustomize(&bed, role);
         let name = format!("restatus-{role}");
@@ -677,7 +805,7 @@ fn chart_roles_mirror_the_kustomize_folders() {
             compared.push(kind);
         }
         let expected = match role {
-            "backup" => vec!["ClusterRole", "ClusterRoleBinding"],
+            "backup" | "journal" => vec!["ClusterRole", "ClusterRoleBinding"],
             _ => vec![
                 "ClusterRole",
                 "ClusterRoleBinding",
@@ -712,10 +840,12 @@ fn chart_roles_mirror_the_kustomize_folders() {
             objects.iter().find(|o| o["kind"] == "PodDisruptionBudget").map(|o| o["spec"]["maxUnavailable"].clone())
         };
         assert_eq!(budget(&chart), budget(&kustomize), "{role}: PodDisruptionBudget");
-        assert_eq!(budget(&chart).is_some(), role != "backup", "{role}: PodDisruptionBudget");
-        for field in ["securityContext", "resources", "volumeMounts"] {
+        assert_eq!(budget(&chart).is_some(), !["backup", "journal"].contains(&role), "{role}: PodDisruptionBudget");
+        for field in ["securityContext", "resources", "volumeMounts", "ports", "livenessProbe", "readinessProbe"] {
             assert_eq!(chart_pod["containers"][0][field], kustomize_pod["containers"][0][field], "{role}: {field}");
         }
+        let strategy = |objects: &[Value]| find(objects, workload_kind, &name)["spec"]["strategy"].clone();
+        assert_eq!(strategy(&chart), strategy(&kustomize), "{role}: strategy");
         let kustomize_kinds: Vec<&str> = kustomize.iter().map(|o| o["kind"].as_str().unwrap()).collect();
         let chart_kinds: Vec<&str> = chart.iter().map(|o| o["kind"].as_str().unwrap()).collect();
         for kind in &chart_kinds {
@@ -932,6 +1062,7 @@ fn chart_monitoring_objects_pass_server_side_validation() {
         &[
             "controller.enabled=true",
             "source.enabled=true",
+            "journal.enabled=true",
             "metrics.podMonitor.enabled=true",
             "metrics.serviceMonitor.enabled=true",
             "prometheusRule.enabled=true",
@@ -984,11 +1115,14 @@ fn chart_prometheus_rule_is_the_plain_rule_file() {
         &[
             "prometheusRule.backupMaxAgeSeconds=90000",
             "prometheusRule.errorsFor=1h",
+            "prometheusRule.journalMaxLagSeconds=45",
+            "prometheusRule.journalDownFor=45m",
             "prometheusRule.additionalLabels.team=metal",
         ],
     );
     let text = serde_json::to_string(&custom["spec"]).unwrap();
     assert!(text.contains("> 90000") && text.contains(r#"cronjob=\"other-restatus-backup\""#), "{text}");
+    assert!(text.contains("(restatus_journal_lag_seconds) > 45") && text.contains(r#""for":"45m""#), "{text}");
     let file = std::env::temp_dir().join(format!("{}.rules.json", unique("custom")));
     std::fs::write(&file, &text).unwrap();
     let out = run(&tool("promtool"), &["check", "rules", file.to_str().unwrap()]);

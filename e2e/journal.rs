@@ -25,12 +25,24 @@ fn start_journal(bed: &Bed, storage: &str, cluster: &str, selector: &str, interv
 }
 
 fn start_journal_with(bed: &Bed, storage: &str, cluster: &str, selector: &str, args: &[&str]) -> (Child, PathBuf) {
+    start_journal_as(bed, &bed.source_kubeconfig, storage, cluster, selector, args)
+}
+
+/// [`start_journal_with`] as whoever `kubeconfig` authenticates.
+fn start_journal_as(
+    bed: &Bed,
+    kubeconfig: &std::path::Path,
+    storage: &str,
+    cluster: &str,
+    selector: &str,
+    args: &[&str],
+) -> (Child, PathBuf) {
     let log = bed.scratch.path().join(format!("{}.log", unique("journal")));
     let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
         .args(["journal", "--selector", selector])
         .args(args)
         .arg("--kubeconfig")
-        .arg(&bed.source_kubeconfig)
+        .arg(kubeconfig)
         .env("RESTATUS_STORAGE", storage)
         .env("RESTATUS_CLUSTER_ID", cluster)
         .stdout(Stdio::null())
@@ -412,4 +424,264 @@ async fn an_encrypted_journal_reads_its_base_with_the_key_and_hides_its_records(
     assert_success(&out, "restore --dry-run");
     let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(report["restoredTo"]["segmentsApplied"], chain.links.len() as u64, "{}", report["restoredTo"]);
+}
+
+/// `GET path` on 127.0.0.1:`port`: the HTTP status code and the body, or None while nothing answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let out = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", &format!("http://127.0.0.1:{port}{path}")])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n')?;
+    Some((code.trim().parse().ok()?, body.to_string()))
+}
+
+/// Scrapes the journal's /metrics until `done` holds (at most `within`), the body then.
+async fn scrape_until(port: u16, log: &PathBuf, within: Duration, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    loop {
+        if let Some((_, body)) = crate::metrics::scrape(port) {
+            if done(&body) {
+                return body;
+            }
+            last = Some(body);
+        }
+        assert!(Instant::now() < deadline, "metrics not as expected within {within:?}: {last:?}\n{}", log_of(log));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Operating the journal: `--metrics-addr` serves /metrics, /healthz and /readyz. Before a base
+/// it is not ready and its lag is 0; chained and listed it is ready, names its base and, with
+/// nothing changing, still says lag 0. A change is pending (the lag gauge grows, one object
+/// pending) until the next cut writes it: then one segment, one change, its lag in the
+/// histogram, bytes counted, the newest segment's time, and the lag back to 0. `snapshots
+/// list` shows the base's journal: its segments, the newest one's time and its lag behind now.
+#[tokio::test]
+async fn the_journal_exports_its_lag_and_snapshots_list_shows_its_segments() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-ops"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let port = crate::metrics::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    // A cut every 8 s: a change waits long enough for a scrape to see it pending.
+    let args = ["--journal-interval", "8s", "--base-wait", "2m", "--metrics-addr", &addr];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    let label = format!(r#"{{cluster_id="{cluster}"}}"#);
+    let get = |body: &str, name: &str| crate::metrics::value(body, &format!("{name}{label}"));
+
+    // No snapshot yet: served, not ready, lag 0.
+    let body = scrape_until(port, &log, Duration::from_secs(30), |_| true).await;
+    assert_eq!(get(&body, "restatus_journal_ready"), Some(0.0), "{body}");
+    assert_eq!(get(&body, "restatus_journal_lag_seconds"), Some(0.0), "{body}");
+    let (code, text) = http_get(port, "/readyz").unwrap();
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains("not ready: no base snapshot"), "{text}");
+    assert_eq!(http_get(port, "/healthz").map(|(c, _)| c), Some(200));
+    // A second journal on the same address stops at once, saying why.
+    let taken = bed.restatus(&storage, &cluster, &["journal", "--metrics-addr", &addr]);
+    assert!(!taken.status.success());
+    assert!(stderr(&taken).contains(&format!("--metrics-addr {addr}")), "{}", stderr(&taken));
+
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
+    assert_success(&out, "backup");
+    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let body =
+        scrape_until(port, &log, Duration::from_secs(10), |b| get(b, "restatus_journal_ready") == Some(1.0)).await;
+    assert_eq!(http_get(port, "/readyz").map(|(c, _)| c), Some(200));
+    let base_series = format!(r#"restatus_journal_base{{cluster_id="{cluster}",base="{base}"}}"#);
+    assert_eq!(crate::metrics::value(&body, &base_series), Some(1.0), "{body}");
+    let base_time = base.timestamp().unwrap().as_millisecond() as f64 / 1000.0;
+    assert_eq!(get(&body, "restatus_journal_base_timestamp_seconds"), Some(base_time));
+    // Listed and unchanged: lag 0, nothing written, over two cuts (16 s): the idle fleet.
+    let idle_until = Instant::now() + Duration::from_secs(16);
+    while Instant::now() < idle_until {
+        let body = crate::metrics::scrape(port).expect("scrape").1;
+        assert_eq!(get(&body, "restatus_journal_lag_seconds"), Some(0.0), "idle: {body}");
+        assert_eq!(get(&body, "restatus_journal_segments_total"), Some(0.0), "idle: {body}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(store_headers(&bed.store(&storage, &cluster), &base).await == 0);
+
+    // A change, written by the next cut; then (at once, so that the next cut is most of an
+    // interval away) another: pending (the gauge passes 1 s, one object pending) until the cut
+    // after, then written too.
+    let segments = |n: f64| move |b: &str| get(b, "restatus_journal_segments_total").is_some_and(|s| s >= n);
+    let server = spec.server_name(1);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    scrape_until(port, &log, Duration::from_secs(30), segments(1.0)).await;
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Off"})).await;
+    let body = scrape_until(port, &log, Duration::from_secs(10), |b| {
+        get(b, "restatus_journal_lag_seconds").is_some_and(|lag| lag >= 1.0) || segments(2.0)(b)
+    })
+    .await;
+    assert_eq!(get(&body, "restatus_journal_segments_total"), Some(1.0), "written before it was seen pending: {body}");
+    assert_eq!(get(&body, "restatus_journal_pending_changes"), Some(1.0), "{body}");
+    let body = scrape_until(port, &log, Duration::from_secs(30), segments(2.0)).await;
+    assert_eq!(get(&body, "restatus_journal_segments_total"), Some(2.0), "{body}");
+    assert_eq!(get(&body, "restatus_journal_changes_total"), Some(2.0), "{body}");
+    assert_eq!(get(&body, "restatus_journal_lag_seconds"), Some(0.0), "written: {body}");
+    assert_eq!(get(&body, "restatus_journal_pending_changes"), Some(0.0), "{body}");
+    assert_eq!(get(&body, "restatus_journal_change_lag_seconds_count"), Some(2.0), "{body}");
+    let lag = get(&body, "restatus_journal_change_lag_seconds_sum").unwrap();
+    assert!((1.0..=30.0).contains(&lag), "the changes waited for their cuts: {lag} s in all");
+    let errors = format!(r#"restatus_journal_errors_total{{cluster_id="{cluster}",operation="segment"}}"#);
+    assert_eq!(crate::metrics::value(&body, &errors), Some(0.0));
+    let store = bed.store(&storage, &cluster);
+    let chain = store.read_chain(&base, base.timestamp().unwrap(), None).await.unwrap();
+    assert_eq!(chain.links.len(), 2);
+    let header = &chain.links[1].header;
+    let stored: u64 = store.list_segments(&base).await.unwrap().iter().filter_map(|e| e.payload_size).sum();
+    let bytes = get(&body, "restatus_journal_bytes_total").unwrap();
+    assert!(bytes > stored as f64, "records ({stored}) and headers: {bytes}");
+    let to = header.to.as_millisecond() as f64 / 1000.0;
+    assert_eq!(get(&body, "restatus_journal_newest_segment_timestamp_seconds"), Some(to));
+    assert_eq!(get(&body, "restatus_journal_chain_segments"), Some(2.0));
+
+    // snapshots list: the base's journal, from its listing and newest header.
+    let out = bed.restatus(&storage, &cluster, &["snapshots", "list", "-o", "json"]);
+    assert_success(&out, "snapshots list");
+    let rows: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let row = rows.as_array().unwrap().iter().find(|r| r["id"] == base.as_str()).expect("the base listed");
+    let listed = &row["journal"];
+    assert_eq!(listed["segments"], 2, "{row}");
+    assert_eq!(listed["newestSegment"], 2, "{row}");
+    assert_eq!(listed["newestAt"], header.to.to_string(), "{row}");
+    let behind = listed["lagSeconds"].as_i64().unwrap();
+    let since = jiff::Timestamp::now().duration_since(header.to).as_secs();
+    assert!((0..=since).contains(&behind), "{behind} s behind, written {since} s ago");
+    let out = bed.restatus(&storage, &cluster, &["snapshots", "list"]);
+    let table = stdout(&out);
+    let line = table.lines().find(|l| l.starts_with(base.as_str())).unwrap_or_else(|| panic!("{table}"));
+    assert!(line.contains(&format!("2 to {}", header.to)) && line.contains(" behind)"), "{table}");
+    stop(&mut journal, &log).await;
+}
+
+/// Segments of `base` with a header.
+async fn store_headers(store: &SnapshotStore, base: &SnapshotId) -> usize {
+    store.list_segments(base).await.unwrap().iter().filter(|e| e.header).count()
+}
+
+/// manifests/journal's ServiceAccount (applied to the source, its token used): the journal
+/// runs as it (every kind listed, a change written as a segment, nothing forbidden in its log),
+/// and it may read nothing but the profile's kinds: no Secret (the S3 keys' among them), no
+/// BMCSecret, no ConfigMap, no namespace; nor write anything.
+#[tokio::test]
+async fn least_privilege_journal_service_account_journals_and_cannot_read_secrets() {
+    let bed = Bed::get();
+    let kubeconfig = bed.deploy(&bed.source_kubeconfig, &["journal"], "restatus-journal");
+    let spec = FleetSpec::new(&unique("jrn-rbac"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
+    assert_success(&out, "backup");
+    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let store = bed.store(&storage, &cluster);
+    let (_, base_records) = records(&store, base.as_str()).await;
+    let base_records = Records::from_records(base_records);
+
+    let args = ["--journal-interval", "1s"];
+    let (mut journal, log) = start_journal_as(&bed, &kubeconfig, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let server = spec.server_name(0);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
+    wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
+    stop(&mut journal, &log).await;
+    let text = log_of(&log);
+    assert!(!text.contains("forbidden") && !text.contains("cannot be watched"), "{text}");
+
+    bed.assert_denied(
+        &kubeconfig,
+        &[
+            vec!["get", "secrets", "-A"],
+            vec!["-n", "restatus", "get", "secret", "restatus-s3"],
+            vec!["get", "bmcsecrets.metal.ironcore.dev"],
+            vec!["get", "configmaps", "-A"],
+            vec!["get", "namespace", "kube-system"],
+            crate::bed::merge_patch(
+                None,
+                &format!("servers.metal.ironcore.dev/{server}"),
+                r#"{"spec":{"power":"Off"}}"#,
+            ),
+        ],
+    );
+    for verb_resource in [
+        "patch servers.metal.ironcore.dev",
+        "update servers.metal.ironcore.dev/status",
+        "delete bmcs.metal.ironcore.dev",
+        "create serverclaims.metal.ironcore.dev",
+        "create events.events.k8s.io",
+        "get secrets",
+    ] {
+        let mut args = vec!["auth", "can-i"];
+        args.extend(verb_resource.split(' '));
+        let out = bed.kubectl(&kubeconfig, &args);
+        assert_eq!(stdout(&out).trim(), "no", "the journal's ServiceAccount may {verb_resource}");
+    }
+    bed.assert_allowed(&kubeconfig, &[vec!["get", "serverclaims.metal.ironcore.dev", "-A", "-l", &selector]]);
+}
+
+/// The bucket stops answering while a change is pending (S3 held by a proxy, the segment's
+/// upload waiting in it): the lag gauge keeps growing at each scrape (past 5 s here, where the
+/// alert's threshold is 60 s) and nothing is counted written; once the bucket answers again the
+/// segment is written, the gauge is back at 0 and the change's lag, more than the stall, is in
+/// the histogram.
+#[tokio::test]
+async fn a_stalled_bucket_shows_as_a_growing_lag_until_the_segment_is_written() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-stall"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
+    assert_success(&out, "backup");
+    let (proxy, proxied) = crate::bed::CountingProxy::for_s3().await;
+    let port = crate::metrics::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let journal = crate::metrics::Process::start_with(
+        &bed,
+        &bed.source_kubeconfig,
+        &storage,
+        &cluster,
+        &["journal", "--selector", &selector, "--journal-interval", "1s", "--metrics-addr", &addr],
+        &[("S3_ENDPOINT", &proxied), ("AWS_ENDPOINT_URL_S3", &proxied)],
+    );
+    let label = format!(r#"{{cluster_id="{cluster}"}}"#);
+    let get = |body: &str, name: &str| crate::metrics::value(body, &format!("{name}{label}"));
+    use crate::metrics::scrape_until as until;
+    until(&journal, port, Duration::from_secs(60), |b| get(b, "restatus_journal_ready") == Some(1.0)).await;
+
+    proxy.hold();
+    let server = spec.server_name(0);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let lagging = |b: &str| get(b, "restatus_journal_lag_seconds").is_some_and(|l| l >= 5.0);
+    let (_, body) = until(&journal, port, Duration::from_secs(20), lagging).await;
+    assert_eq!(get(&body, "restatus_journal_segments_total"), Some(0.0), "nothing written while held: {body}");
+    assert!(
+        proxy.requests().iter().any(|(method, target)| method == "PUT" && target.contains("/journal/")),
+        "the segment's upload waits in the proxy: {:?}",
+        proxy.requests()
+    );
+    proxy.resume();
+    let (_, body) = until(&journal, port, Duration::from_secs(60), |b| {
+        get(b, "restatus_journal_segments_total").is_some_and(|n| n >= 1.0)
+            && get(b, "restatus_journal_lag_seconds") == Some(0.0)
+    })
+    .await;
+    assert_eq!(get(&body, "restatus_journal_change_lag_seconds_count"), Some(1.0), "{body}");
+    let lag = get(&body, "restatus_journal_change_lag_seconds_sum").unwrap();
+    assert!(lag >= 5.0, "the change waited out the stall: {lag} s");
 }

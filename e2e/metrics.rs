@@ -86,7 +86,12 @@ pub(crate) fn value(body: &str, series: &str) -> Option<f64> {
 }
 
 /// Scrapes until `done` holds for the body, or panics after `within` with the process's log.
-async fn scrape_until(process: &Process, port: u16, within: Duration, done: impl Fn(&str) -> bool) -> (String, String) {
+pub(crate) async fn scrape_until(
+    process: &Process,
+    port: u16,
+    within: Duration,
+    done: impl Fn(&str) -> bool,
+) -> (String, String) {
     let deadline = Instant::now() + within;
     let mut last = None;
     while Instant::now() < deadline {

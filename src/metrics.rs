@@ -1,5 +1,6 @@
-//! Metrics shared by the long-running modes (restore controller, `restatus schedule`): the
-//! bucket's view of the newest snapshot of a cluster id, and the OpenMetrics text rendering.
+//! Metrics shared by the long-running modes (restore controller, `restatus schedule`,
+//! `restatus journal`): the bucket's view of the newest snapshot of a cluster id, the
+//! OpenMetrics text rendering, and an HTTP server of `/metrics`, `/healthz` and `/readyz`.
 
 use std::sync::atomic::AtomicU64;
 
@@ -114,6 +115,37 @@ pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
     out
+}
+
+/// Serves `/metrics` (what `render` returns at each scrape, as OpenMetrics text), `/healthz`
+/// and `/readyz` (200 `ready`, or 503 `not ready: <why>` as `readiness` says) on `listener`
+/// until the process ends: the endpoints of `restatus journal --metrics-addr`.
+pub async fn serve<R, Q>(listener: tokio::net::TcpListener, render: R, readiness: Q) -> crate::Result<()>
+where
+    R: Fn() -> String + Clone + Send + Sync + 'static,
+    Q: Fn() -> Result<(), String> + Clone + Send + Sync + 'static,
+{
+    use axum::http::{StatusCode, header};
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || std::future::ready(([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], render()))),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                std::future::ready(match readiness() {
+                    Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                })
+            }),
+        );
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    }
+    axum::serve(listener, app).await.map_err(|e| crate::Error::io("HTTP server", e))
 }
 
 #[cfg(test)]

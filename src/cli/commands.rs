@@ -15,6 +15,7 @@ use restatus::controller::{self, ControllerOptions, Election, Role as Controller
 use restatus::domain::compare::Comparer;
 use restatus::domain::identity::Profile;
 use restatus::format::{DecryptionKeys, Recipients, SigningKey, TrustedKeys};
+use restatus::journal::metrics::JournalMetrics;
 use restatus::journal::{self, JournalOptions};
 use restatus::k8s;
 use restatus::k8s::leader::{Fence, LeaseTiming};
@@ -134,6 +135,16 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
         }
         Command::Restore(args) => restore(&global, &store, args, trusted).await?,
         Command::Journal(args) => {
+            let metrics = Arc::new(JournalMetrics::new(store.cluster_id()));
+            // Bound before anything else: a taken port fails the start, not a probe later.
+            let server = match args.metrics_addr {
+                Some(addr) => {
+                    let listener = http::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
+                    let (m, r) = (metrics.clone(), metrics.clone());
+                    Some(tokio::spawn(restatus::metrics::serve(listener, move || m.render(), move || r.readiness())))
+                }
+                None => None,
+            };
             let (profile, client) =
                 k8s::connect(&global.profile, global.kubeconfig.as_deref(), global.context.as_deref()).await?;
             let signing = signing_key(&args.signing)?;
@@ -147,10 +158,15 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
                 trusted: trusted.clone(),
                 signing_key: signing,
                 recipients: recipients(&args.encryption)?,
+                metrics: Some(metrics),
                 ..JournalOptions::new(profile)
             };
             info!(interval = ?options.interval, storage = store.location(), "journal started");
-            journal::run(&client, &store, &options, shutdown_signal()).await.context("journal failed")?;
+            let result = journal::run(&client, &store, &options, shutdown_signal()).await;
+            if let Some(server) = server {
+                server.abort();
+            }
+            result.context("journal failed")?;
         }
         Command::Controller(args) => controller(&global, store, args, trusted).await?,
         Command::Snapshots(command) => snapshots(&store, command, trusted.as_deref()).await?,

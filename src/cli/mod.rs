@@ -207,6 +207,11 @@ pub struct JournalArgs {
     /// zstd level (1-19).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
     pub zstd_level: i32,
+    /// Serve /metrics (the journal's lag, segments, bytes, changes, errors, its base and newest
+    /// segment), /healthz and /readyz (ready while it journals) on this address, e.g.
+    /// 0.0.0.0:8080.
+    #[arg(long, env = "RESTATUS_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub signing: SigningArgs,
     #[command(flatten)]

@@ -6,6 +6,7 @@ use jiff::Timestamp;
 use restatus::format::{Manifest, ObjectRef, TrustedKeys, is_ahead_of};
 use restatus::moving::preflight::PreflightReport;
 use restatus::restore::{RestorePlan, RestoreReport};
+use restatus::store::journal::JournalListing;
 use restatus::store::{SnapshotEntry, SnapshotStore};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -158,6 +159,76 @@ pub struct SnapshotRow {
     /// The recipients an encrypted snapshot's payload is encrypted to (absent: plain).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encrypted_to: Option<Vec<String>>,
+    /// The journal of this snapshot as a base (complete snapshots only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalRow>,
+}
+
+/// A base's journal in `snapshots list`: from a listing of its journal folder and its newest
+/// header only (neither verified nor decrypted: `restore --dry-run` reads the chain).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JournalRow {
+    /// Segments with a header.
+    pub segments: u64,
+    /// The newest segment's sequence number and the point in time it brings a restore to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub newest_segment: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub newest_at: Option<String>,
+    /// How far the newest segment's point is behind this clock, whole seconds (negative: the
+    /// writer's clock is ahead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<i64>,
+    /// The first sequence number missing below the newest: a restore stops before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gap_at: Option<u64>,
+    /// Why the journal (or its newest header) cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl JournalRow {
+    pub fn of(listing: &JournalListing, now: Timestamp) -> JournalRow {
+        let mut row = JournalRow { segments: listing.segments, gap_at: listing.gap, ..JournalRow::default() };
+        match &listing.newest {
+            None => {}
+            Some(Ok(header)) => {
+                row.newest_segment = Some(header.sequence);
+                row.newest_at = Some(header.to.to_string());
+                row.lag_seconds = Some(now.duration_since(header.to).as_secs());
+            }
+            Some(Err(reason)) => row.error = Some(reason.clone()),
+        }
+        row
+    }
+
+    /// The table's cell: `-` without segments, else the count, the newest point and its lag.
+    pub fn text(&self) -> String {
+        if let Some(error) = &self.error {
+            return format!("{} segments, {error}", self.segments);
+        }
+        let mut out = match (&self.newest_at, self.lag_seconds) {
+            (None, _) => return "-".into(),
+            (Some(at), Some(lag)) if lag >= 0 => format!("{} to {at} ({} behind)", self.segments, human_age(lag)),
+            (Some(at), _) => format!("{} to {at} (ahead of this clock)", self.segments),
+        };
+        if let Some(gap) = self.gap_at {
+            out += &format!(", gap at {gap}");
+        }
+        out
+    }
+}
+
+/// Seconds as `42s`, `5m07s`, `3h04m`, `2d05h`.
+fn human_age(seconds: i64) -> String {
+    let (d, h, m, s) = (seconds / 86_400, seconds / 3600 % 24, seconds / 60 % 60, seconds % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s:02}s"),
+        (0, _, _) => format!("{h}h{m:02}m"),
+        _ => format!("{d}d{h:02}h"),
+    }
 }
 
 /// Reads each listed snapshot's manifest (small) to describe it. A manifest that cannot be
@@ -186,6 +257,7 @@ pub async fn snapshot_rows(
             signed_by: None,
             signature: None,
             encrypted_to: None,
+            journal: None,
         };
         if entry.complete {
             match store.manifest(&entry.id).await {
@@ -197,6 +269,10 @@ pub async fn snapshot_rows(
             }
         }
         if row.state == "complete" {
+            row.journal = Some(match store.journal_listing(&entry.id).await {
+                Ok(listing) => JournalRow::of(&listing, Timestamp::now()),
+                Err(e) => JournalRow { error: Some(e.to_string()), ..JournalRow::default() },
+            });
             row.signature = Some(match trusted {
                 None => "not checked".into(),
                 Some(trusted) => match store.verified_manifest(&entry.id, Some(trusted)).await {
@@ -392,6 +468,7 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
                     None => String::new(),
                     Some(recipients) => recipients.iter().map(|k| short_recipient(k)).collect::<Vec<_>>().join(","),
                 },
+                r.journal.as_ref().map(JournalRow::text).unwrap_or_default(),
                 match (&r.error, r.ahead_of_clock) {
                     (Some(e), _) => e.clone(),
                     (None, true) => "dated ahead of this clock (writer's clock skewed)".into(),
@@ -412,6 +489,7 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
             "SKIPPED",
             "SIGNED BY",
             "ENCRYPTED TO",
+            "JOURNAL",
             "NOTE",
         ],
         body,
@@ -668,6 +746,49 @@ mod tests {
         let row = ObjectRow { kind: "BMC".into(), key: "k=v".into(), namespace: Some("ns".into()), name: "b".into() };
         let text = yaml(&vec![row]).unwrap();
         assert!(text.contains("kind: BMC") && text.contains("namespace: ns"), "{text}");
+    }
+
+    /// `snapshots list`'s journal cell and JSON: none, segments with the newest point and its
+    /// lag behind now, a gap, an unreadable newest header, a writer's clock ahead.
+    #[test]
+    fn a_journal_row_says_segments_newest_point_and_lag() {
+        let now: Timestamp = "2026-12-03T10:05:07Z".parse().unwrap();
+        let none = JournalRow::of(&JournalListing { segments: 0, gap: None, newest: None }, now);
+        assert_eq!(
+            (none.text(), serde_json::to_value(&none).unwrap()),
+            ("-".into(), serde_json::json!({"segments": 0}))
+        );
+        let header = |to: &str| {
+            restatus::format::SegmentHeader::new(
+                "c",
+                &restatus::format::SnapshotId::new("2026-12-03T10:00:00Z".parse().unwrap()),
+                12,
+                None,
+                "2026-12-03T10:00:00Z".parse().unwrap(),
+                to.parse().unwrap(),
+                Default::default(),
+                (1, 0),
+                restatus::format::PayloadEncoder::encode_all(3, None, &[]).unwrap().1,
+                None,
+            )
+        };
+        let listing = JournalListing { segments: 12, gap: None, newest: Some(Ok(header("2026-12-03T10:05:00Z"))) };
+        let row = JournalRow::of(&listing, now);
+        assert_eq!(row.text(), "12 to 2026-12-03T10:05:00Z (7s behind)");
+        assert_eq!(
+            serde_json::to_value(&row).unwrap(),
+            serde_json::json!({"segments": 12, "newestSegment": 12, "newestAt": "2026-12-03T10:05:00Z", "lagSeconds": 7})
+        );
+        let gap = JournalListing { segments: 11, gap: Some(4), newest: Some(Ok(header("2026-12-03T07:01:00Z"))) };
+        assert_eq!(JournalRow::of(&gap, now).text(), "11 to 2026-12-03T07:01:00Z (3h04m behind), gap at 4");
+        let ahead = JournalListing { segments: 1, gap: None, newest: Some(Ok(header("2026-12-03T10:06:00Z"))) };
+        assert_eq!(JournalRow::of(&ahead, now).text(), "1 to 2026-12-03T10:06:00Z (ahead of this clock)");
+        let broken =
+            JournalListing { segments: 2, gap: None, newest: Some(Err("segment 2 of base x is corrupt".into())) };
+        assert_eq!(JournalRow::of(&broken, now).text(), "2 segments, segment 2 of base x is corrupt");
+        assert_eq!(human_age(59), "59s");
+        assert_eq!(human_age(307), "5m07s");
+        assert_eq!(human_age(2 * 86_400 + 5 * 3600 + 10), "2d05h");
     }
 
     #[test]

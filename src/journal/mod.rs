@@ -9,12 +9,13 @@
 //! yield, written create-only (nothing when nothing differs) → when a newer snapshot appears,
 //! a final segment on the old chain and a new chain on the new base, whose first segment holds
 //! every object whose live status differs from the new base's record. On a stop (SIGTERM),
-//! a final segment of what is pending.
+//! a final segment of what is pending. What it did and its lag: [`metrics::JournalMetrics`].
 
+pub mod metrics;
 pub mod state;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use jiff::Timestamp;
@@ -30,6 +31,7 @@ use crate::format::{
 use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 use crate::store::{Accept, SnapshotStore, choose_snapshot};
 use crate::{Error, Result};
+use metrics::{JournalError, JournalMetrics};
 use state::{Cut, JournalState};
 
 #[derive(Debug, Clone)]
@@ -54,6 +56,8 @@ pub struct JournalOptions {
     /// The keys the journal reads its own chain with on a restart (the `--trusted-key`s and
     /// the public half of its `--signing-key`): a forged segment is never extended.
     pub chain_keys: Option<Arc<TrustedKeys>>,
+    /// Where the run reports what it does (`--metrics-addr` serves them); `None`: its own.
+    pub metrics: Option<Arc<JournalMetrics>>,
 }
 
 impl JournalOptions {
@@ -69,6 +73,7 @@ impl JournalOptions {
             recipients: None,
             trusted: None,
             chain_keys: None,
+            metrics: None,
         }
     }
 
@@ -97,9 +102,9 @@ struct Chain {
     broken: Option<String>,
 }
 
-/// What a watch tells the loop: the kind (its index) and the event.
+/// What a watch tells the loop: the kind (its index) and the event, with when it arrived.
 enum Seen {
-    Event(usize, Box<WatchEvent<kube::api::DynamicObject>>),
+    Event(usize, Box<WatchEvent<kube::api::DynamicObject>>, Instant),
     Unavailable(usize, String),
 }
 
@@ -112,6 +117,7 @@ pub async fn run(
 ) -> Result<JournalSummary> {
     tokio::pin!(stop);
     let kinds = opts.kinds();
+    let metrics = opts.metrics.clone().unwrap_or_else(|| Arc::new(JournalMetrics::new(store.cluster_id())));
     let mut summary = JournalSummary::default();
     let first = tokio::select! {
         first = wait_for_base(store, opts) => Some(first?),
@@ -122,7 +128,9 @@ pub async fn run(
         return Ok(summary);
     };
     summary.bases.push(chain.base.snapshot_id.to_string());
-    let (mut watches, mut events) = start_watches(client, &kinds, opts);
+    report_chain(&metrics, &chain);
+    report(&metrics, &chain, &mut state, &kinds);
+    let (mut watches, mut events) = start_watches(client, &kinds, opts, &metrics);
     let mut cut_tick = tokio::time::interval(opts.interval);
     cut_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut base_tick = tokio::time::interval(opts.base_refresh);
@@ -138,32 +146,37 @@ pub async fn run(
                     if !before && state.all_listed(&kinds) {
                         info!(base = %chain.base.snapshot_id, pending = state.pending(), "every kind listed and diffed against the chain");
                     }
+                    report(&metrics, &chain, &mut state, &kinds);
                 }
                 None => return Err(Error::io("journal watches", std::io::Error::other("every watch ended"))),
             },
             _ = cut_tick.tick() => {
                 if state.all_listed(&kinds) {
-                    summary.segments += write_segment(store, opts, &mut chain, &mut state).await;
+                    summary.segments += write_segment(store, opts, &metrics, &mut chain, &mut state).await;
+                    report(&metrics, &chain, &mut state, &kinds);
                 }
             }
             _ = base_tick.tick() => {
-                let Some(newer) = newer_base(store, opts, &chain.base.snapshot_id).await else { continue };
+                let Some(newer) = newer_base(store, opts, &metrics, &chain.base.snapshot_id).await else { continue };
                 // The old chain first: what is pending belongs to it.
                 if state.all_listed(&kinds) {
-                    summary.segments += write_segment(store, opts, &mut chain, &mut state).await;
+                    summary.segments += write_segment(store, opts, &metrics, &mut chain, &mut state).await;
                 }
                 info!(old = %chain.base.snapshot_id, new = %newer.0.base.snapshot_id, "a newer base snapshot: a new chain starts on it");
                 (chain, state) = newer;
                 summary.bases.push(chain.base.snapshot_id.to_string());
+                report_chain(&metrics, &chain);
+                report(&metrics, &chain, &mut state, &kinds);
                 // The watches list everything again, diffed against the new base.
                 watches.abort_all();
-                (watches, events) = start_watches(client, &kinds, opts);
+                (watches, events) = start_watches(client, &kinds, opts, &metrics);
             }
         }
     }
     // Stopped: a final segment of what is pending, if every kind was listed.
     if state.all_listed(&kinds) {
-        summary.segments += write_segment(store, opts, &mut chain, &mut state).await;
+        summary.segments += write_segment(store, opts, &metrics, &mut chain, &mut state).await;
+        report(&metrics, &chain, &mut state, &kinds);
     } else if state.pending() > 0 {
         warn!("stopped before every kind was listed: the changes seen are left for the next run, which lists again");
     }
@@ -196,15 +209,39 @@ async fn wait_for_base(store: &SnapshotStore, opts: &JournalOptions) -> Result<(
 async fn newer_base(
     store: &SnapshotStore,
     opts: &JournalOptions,
+    metrics: &JournalMetrics,
     current: &SnapshotId,
 ) -> Option<(Chain, JournalState)> {
     match load_base(store, opts, Some(current)).await {
         Ok(newer) => newer,
         Err(e) => {
+            metrics.error(JournalError::Base);
             warn!(error = %e, "cannot look for a newer base snapshot; the current chain goes on");
             None
         }
     }
+}
+
+/// The chain in use, for the metrics: its base, its segments and the newest one's point.
+fn report_chain(metrics: &JournalMetrics, chain: &Chain) {
+    let segments = chain.next.saturating_sub(1);
+    metrics.chain(&chain.base.snapshot_id, chain.base.created_at, segments, (segments > 0).then_some(chain.point));
+}
+
+/// The lag and readiness, for the metrics and `/readyz`.
+fn report(metrics: &JournalMetrics, chain: &Chain, state: &mut JournalState, kinds: &[KindProfile]) {
+    metrics.pending(state.oldest_unwritten(), state.pending());
+    let base = &chain.base.snapshot_id;
+    let not_ready = match &chain.broken {
+        Some(broken) => {
+            Some(format!("the chain of base {base} cannot be extended ({broken}): waiting for a newer base"))
+        }
+        None if !state.all_listed(kinds) => {
+            Some(format!("listing the profile's kinds to diff them against base {base}"))
+        }
+        None => None,
+    };
+    metrics.ready(not_ready);
 }
 
 /// Loads the newest good snapshot (unless it is `current`: `None`) and its chain.
@@ -254,18 +291,20 @@ fn start_watches(
     client: &kube::Client,
     kinds: &[KindProfile],
     opts: &JournalOptions,
+    metrics: &Arc<JournalMetrics>,
 ) -> (JoinSet<()>, mpsc::Receiver<Seen>) {
     let (tx, rx) = mpsc::channel(1024);
     let mut set = JoinSet::new();
     for (index, kind) in kinds.iter().enumerate() {
         let (client, kind, tx, selector) = (client.clone(), kind.clone(), tx.clone(), opts.selector.clone());
+        let metrics = metrics.clone();
         set.spawn(async move {
             let request = WatchRequest { namespace: None, selector: selector.as_deref(), page_size: 100 };
             let mut events = watch_objects(&client, &kind, &request);
             let mut unavailable = false;
             loop {
                 let seen = match events.try_next().await {
-                    Ok(Some(event)) => Seen::Event(index, Box::new(event)),
+                    Ok(Some(event)) => Seen::Event(index, Box::new(event), Instant::now()),
                     Ok(None) => return,
                     Err(e) => match unavailable_reason(&e) {
                         Some(reason) if !unavailable => {
@@ -274,6 +313,7 @@ fn start_watches(
                         }
                         Some(_) => continue,
                         None => {
+                            metrics.error(JournalError::Watch);
                             warn!(kind = kind.kind, error = %e, "watch interrupted; resumed after a backoff (listed again if its resourceVersion expired)");
                             continue;
                         }
@@ -289,18 +329,18 @@ fn start_watches(
 }
 
 fn observe(state: &mut JournalState, kinds: &[KindProfile], seen: Seen) {
-    let (index, event) = match seen {
+    let (index, event, at) = match seen {
         Seen::Unavailable(index, reason) => {
             warn!(kind = kinds[index].kind, reason, "kind cannot be watched; journaled without it");
             state.unavailable(&kinds[index]);
             return;
         }
-        Seen::Event(index, event) => (index, event),
+        Seen::Event(index, event, at) => (index, event, at),
     };
     let kind = &kinds[index];
     let parse = |object: &kube::api::DynamicObject, state: &mut JournalState| match serde_json::to_string(object) {
         Ok(json) => match RawObject::parse(&json) {
-            Ok(raw) => state.seen(kind, &raw),
+            Ok(raw) => state.seen_at(kind, &raw, at),
             Err(e) => warn!(kind = kind.kind, error = %e, "object not understood; skipped"),
         },
         Err(e) => warn!(kind = kind.kind, error = %e, "object not understood; skipped"),
@@ -309,13 +349,13 @@ fn observe(state: &mut JournalState, kinds: &[KindProfile], seen: Seen) {
         WatchEvent::Init => state.list_started(kind),
         WatchEvent::InitApply(object) | WatchEvent::Apply(object) => parse(&object, state),
         WatchEvent::InitDone => {
-            state.list_done(kind);
+            state.list_done_at(kind, at);
             debug!(kind = kind.kind, "kind listed");
         }
         WatchEvent::Delete(object) => {
             let rv = object.metadata.resource_version.clone();
             let name = object.metadata.name.clone().unwrap_or_default();
-            state.deleted(kind, object.metadata.namespace.as_deref().filter(|n| !n.is_empty()), &name, rv);
+            state.deleted_at(kind, object.metadata.namespace.as_deref().filter(|n| !n.is_empty()), &name, rv, at);
         }
     }
 }
@@ -324,6 +364,7 @@ fn observe(state: &mut JournalState, kinds: &[KindProfile], seen: Seen) {
 async fn write_segment(
     store: &SnapshotStore,
     opts: &JournalOptions,
+    metrics: &JournalMetrics,
     chain: &mut Chain,
     state: &mut JournalState,
 ) -> u64 {
@@ -335,11 +376,13 @@ async fn write_segment(
     }
     let Some(cut) = state.cut() else { return 0 };
     match put(store, opts, chain, &cut).await {
-        Ok(()) => {
+        Ok(bytes) => {
             state.written(&cut);
+            metrics.written(bytes, cut.lags(Instant::now()), chain.point, chain.next.saturating_sub(1));
             1
         }
         Err(e) => {
+            metrics.error(JournalError::Segment);
             warn!(base = %chain.base.snapshot_id, segment = chain.next, error = %e, "segment not written; its changes go into the next");
             // A header written whose answer was lost, or another writer: read the chain again.
             if matches!(&e, Error::Store { source: object_store::Error::AlreadyExists { .. }, .. }) {
@@ -353,6 +396,7 @@ async fn write_segment(
                         chain.previous = read.last_sha256();
                         chain.point = read.links.last().map_or(chain.base.created_at, |l| l.header.to);
                         chain.broken = read.stop_message(chain.base.created_at);
+                        report_chain(metrics, chain);
                     }
                     Err(e) => warn!(error = %e, "cannot read the chain again"),
                 }
@@ -363,7 +407,8 @@ async fn write_segment(
     }
 }
 
-async fn put(store: &SnapshotStore, opts: &JournalOptions, chain: &mut Chain, cut: &Cut) -> Result<()> {
+/// Writes the cut as the chain's next segment; the bytes written (records and header).
+async fn put(store: &SnapshotStore, opts: &JournalOptions, chain: &mut Chain, cut: &Cut) -> Result<u64> {
     let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, opts.recipients.as_deref(), &cut.records)
         .map_err(|e| Error::io("encode a segment", e))?;
     let to = Timestamp::now().max(chain.point);
@@ -386,5 +431,5 @@ async fn put(store: &SnapshotStore, opts: &JournalOptions, chain: &mut Chain, cu
     chain.previous = Some(sha256_hex(&stored));
     chain.next += 1;
     chain.point = to;
-    Ok(())
+    Ok((size + stored.len()) as u64)
 }

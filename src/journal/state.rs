@@ -4,8 +4,14 @@
 //!
 //! Memory: one digest per object of the chain, one pending record per object changed since
 //! the last segment, the pairing views; bounded by the number of objects, not of changes.
+//!
+//! Lag: per object with a pending change, when the watches delivered its first change that is
+//! not in the bucket yet (the time is the caller's: the watch event's arrival). A cut carries
+//! those times with its records, so that the lag of each change written is known; the oldest
+//! of them is the journal's current lag ([`JournalState::oldest_unwritten`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -75,6 +81,11 @@ pub struct JournalState {
     /// Pairing views and transitional objects of the live fleet, for the verdict.
     views: Views,
     transitional: BTreeMap<String, Inconsistency>,
+    /// Per object in `pending`: when its first change not yet in the bucket was observed.
+    since: HashMap<String, Instant>,
+    /// The oldest of `since`, kept as changes come (`None`: none, or not known since the
+    /// oldest one was removed: looked up again when asked).
+    oldest: Option<Instant>,
 }
 
 /// The next segment's content.
@@ -88,6 +99,16 @@ pub struct Cut {
     pub resource_versions: BTreeMap<String, String>,
     /// The verdict of the live fleet now.
     pub consistency: Consistency,
+    /// Per record (same order): when its change was first observed.
+    pub observed: Vec<Instant>,
+}
+
+impl Cut {
+    /// The lag of each change of the cut whose segment is in the bucket at `stored`: from its
+    /// observation to then.
+    pub fn lags(&self, stored: Instant) -> impl Iterator<Item = Duration> + '_ {
+        self.observed.iter().map(move |at| stored.saturating_duration_since(*at))
+    }
 }
 
 impl JournalState {
@@ -126,6 +147,8 @@ impl JournalState {
     /// list every object, which is diffed against the chain.
     pub fn restart_watches(&mut self) {
         self.pending.clear();
+        self.since.clear();
+        self.oldest = None;
         self.listing.clear();
         self.listed.clear();
         self.views = Views::default();
@@ -148,8 +171,13 @@ impl JournalState {
         self.listing.insert(kind.qualified_kind(), HashSet::new());
     }
 
-    /// An object as a watch or a listing delivers it.
+    /// An object as a watch or a listing delivers it, now.
     pub fn seen(&mut self, kind: &KindProfile, object: &RawObject<'_>) {
+        self.seen_at(kind, object, Instant::now());
+    }
+
+    /// An object as a watch or a listing delivers it, the event having arrived `at`.
+    pub fn seen_at(&mut self, kind: &KindProfile, object: &RawObject<'_>, at: Instant) {
         let reference = ObjectRef {
             kind: kind.kind.clone(),
             namespace: object.meta.namespace.as_ref().map(|n| n.to_string()).filter(|n| !n.is_empty()),
@@ -167,13 +195,13 @@ impl JournalState {
             None => self.transitional.remove(&key),
         };
         match capture::record(kind, object) {
-            Some(record) => self.changed(key, record),
+            Some(record) => self.changed(key, record, at),
             // No status (or no key): a capture would skip it; gone from the chain's point of view.
-            None => self.gone(kind, key, reference.namespace.as_deref(), &reference.name, object_rv(object)),
+            None => self.gone(kind, key, reference.namespace.as_deref(), &reference.name, object_rv(object), at),
         }
     }
 
-    /// An object deleted (`resource_version`: the deletion's).
+    /// An object deleted (`resource_version`: the deletion's), now.
     pub fn deleted(
         &mut self,
         kind: &KindProfile,
@@ -181,15 +209,32 @@ impl JournalState {
         name: &str,
         resource_version: Option<String>,
     ) {
+        self.deleted_at(kind, namespace, name, resource_version, Instant::now());
+    }
+
+    /// An object deleted, the event having arrived `at`.
+    pub fn deleted_at(
+        &mut self,
+        kind: &KindProfile,
+        namespace: Option<&str>,
+        name: &str,
+        resource_version: Option<String>,
+        at: Instant,
+    ) {
         let key = key_of(kind, namespace, name);
         self.views.remove(&kind.kind, namespace, name);
         self.transitional.remove(&key);
-        self.gone(kind, key, namespace, name, resource_version);
+        self.gone(kind, key, namespace, name, resource_version, at);
     }
 
-    /// A (re-)list of `kind` is complete: every object of the kind the chain (or a pending
-    /// change) holds that the listing did not is gone.
+    /// A (re-)list of `kind` is complete, now.
     pub fn list_done(&mut self, kind: &KindProfile) {
+        self.list_done_at(kind, Instant::now());
+    }
+
+    /// A (re-)list of `kind` is complete (its end arrived `at`): every object of the kind the
+    /// chain (or a pending change) holds that the listing did not is gone.
+    pub fn list_done_at(&mut self, kind: &KindProfile, at: Instant) {
         let qualified = kind.qualified_kind();
         let Some(listing) = self.listing.remove(&qualified) else { return };
         let prefix = format!("{qualified}/");
@@ -204,22 +249,67 @@ impl JournalState {
             .collect();
         for key in missing {
             let (namespace, name) = split_key(&key, &prefix);
-            self.deleted(kind, namespace.as_deref(), &name, None);
+            self.deleted_at(kind, namespace.as_deref(), &name, None, at);
         }
         self.listed.insert(qualified);
     }
 
     /// Keeps the record only when it differs from what the chain yields: a listing of an
     /// unchanged fleet holds nothing.
-    fn changed(&mut self, key: String, record: Record) {
+    fn changed(&mut self, key: String, record: Record, at: Instant) {
         if self.chain.get(&key) == Some(&status_digest(&record)) {
             self.pending.remove(&key);
+            self.settled(&key);
         } else {
+            self.observed(&key, at);
             self.pending.insert(key, record);
         }
     }
 
-    fn gone(&mut self, kind: &KindProfile, key: String, namespace: Option<&str>, name: &str, rv: Option<String>) {
+    /// `key` has a change not in the bucket, observed `at` (unless an older one is pending).
+    fn observed(&mut self, key: &str, at: Instant) {
+        if !self.since.contains_key(key) {
+            self.since.insert(key.to_string(), at);
+            if self.oldest.is_some_and(|oldest| at < oldest) || self.since.len() == 1 {
+                self.oldest = Some(at);
+            }
+        }
+    }
+
+    /// `key` has no change pending any more (written, or back to the chain's status).
+    fn settled(&mut self, key: &str) -> Option<Instant> {
+        let at = self.since.remove(key)?;
+        if self.oldest == Some(at) {
+            self.oldest = None;
+        }
+        Some(at)
+    }
+
+    /// When the oldest change not yet in the bucket was observed: `None` when every change
+    /// observed is in the bucket (or undone). A cut taken and not yet [`JournalState::written`]
+    /// or [`JournalState::put_back`] does not count: the caller holds it.
+    pub fn oldest_unwritten(&mut self) -> Option<Instant> {
+        if self.oldest.is_none() {
+            self.oldest = self.since.values().min().copied();
+        }
+        self.oldest
+    }
+
+    /// The current lag at `now`: the age of the oldest change not yet in the bucket, zero when
+    /// there is none.
+    pub fn lag(&mut self, now: Instant) -> Duration {
+        self.oldest_unwritten().map_or(Duration::ZERO, |at| now.saturating_duration_since(at))
+    }
+
+    fn gone(
+        &mut self,
+        kind: &KindProfile,
+        key: String,
+        namespace: Option<&str>,
+        name: &str,
+        rv: Option<String>,
+        at: Instant,
+    ) {
         let mut stone = tombstone(&Record {
             api_version: kind.api_version(),
             kind: kind.kind.clone(),
@@ -235,6 +325,7 @@ impl JournalState {
             status: (),
         });
         stone.resource_version = rv;
+        self.observed(&key, at);
         self.pending.insert(key, stone);
     }
 
@@ -243,17 +334,29 @@ impl JournalState {
     /// the segment is stored, [`JournalState::put_back`] keeps them when it is not.
     pub fn cut(&mut self) -> Option<Cut> {
         let chain = &self.chain;
-        self.pending.retain(|key, record| match (is_tombstone(record), chain.get(key)) {
-            (true, None) => false,
-            (true, Some(_)) => true,
-            (false, Some(digest)) => *digest != status_digest(record),
-            (false, None) => true,
+        let mut undone = Vec::new();
+        self.pending.retain(|key, record| {
+            let differs = match (is_tombstone(record), chain.get(key)) {
+                (true, None) => false,
+                (true, Some(_)) => true,
+                (false, Some(digest)) => *digest != status_digest(record),
+                (false, None) => true,
+            };
+            if !differs {
+                undone.push(key.clone());
+            }
+            differs
         });
+        for key in undone {
+            self.settled(&key);
+        }
         if self.pending.is_empty() {
             return None;
         }
         let mut records: Vec<(String, Record)> = self.pending.drain().collect();
         records.sort_by(|a, b| a.0.cmp(&b.0));
+        let now = Instant::now();
+        let observed = records.iter().map(|(key, _)| self.settled(key).unwrap_or(now)).collect();
         let records: Vec<Record> = records.into_iter().map(|(_, r)| r).collect();
         let deleted = records.iter().filter(|r| is_tombstone(r)).count() as u64;
         let mut resource_versions: BTreeMap<String, String> = BTreeMap::new();
@@ -267,7 +370,14 @@ impl JournalState {
         }
         let transitional = self.transitional.values().cloned().collect();
         let consistency = judge(&self.views, transitional, &[], 1);
-        Some(Cut { changed: records.len() as u64 - deleted, deleted, records, resource_versions, consistency })
+        Some(Cut {
+            changed: records.len() as u64 - deleted,
+            deleted,
+            records,
+            resource_versions,
+            consistency,
+            observed,
+        })
     }
 
     /// The cut's segment is stored: the chain now yields its records.
@@ -278,8 +388,12 @@ impl JournalState {
     /// The cut's segment was not stored: its records wait for the next one (unless the
     /// watches saw newer changes of the same objects since).
     pub fn put_back(&mut self, cut: Cut) {
-        for record in cut.records {
-            self.pending.entry(object_key(&record)).or_insert(record);
+        for (record, at) in cut.records.into_iter().zip(cut.observed) {
+            let key = object_key(&record);
+            // The change put back is older than any seen since: its time counts.
+            self.settled(&key);
+            self.observed(&key, at);
+            self.pending.entry(key).or_insert(record);
         }
     }
 }
@@ -445,6 +559,70 @@ mod tests {
         state.seen(servers, &RawObject::parse(&server_json("a", r#"{"state":"Tainted"}"#, None)).unwrap());
         state.put_back(again);
         assert_eq!(state.cut().unwrap().records[0].status.get(), r#"{"state":"Tainted"}"#);
+    }
+
+    /// The lag bookkeeping, with the times given: the current lag is the age of the oldest change
+    /// not in the bucket (0 with none: an idle fleet, a change undone, a listing equal to the
+    /// chain); a cut carries each change's first observation, so that its lag is measured when
+    /// its segment is stored; a later change of an object already pending keeps the older time;
+    /// a segment not stored puts its times back, older than any change seen since.
+    #[test]
+    fn the_lag_is_the_age_of_the_oldest_change_not_in_the_bucket() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut state = listed_state();
+        let profile = profile();
+        let servers = profile.kind("Server").unwrap();
+        let seen = |state: &mut JournalState, name: &str, status: &str, when: Instant| {
+            state.seen_at(servers, &RawObject::parse(&server_json(name, status, None)).unwrap(), when);
+        };
+        assert_eq!(state.oldest_unwritten(), None, "listed as the chain holds them");
+        assert_eq!(state.lag(at(100)), Duration::ZERO);
+        // An unchanged object delivered again, and a change undone, leave no lag.
+        seen(&mut state, "a", r#"{"state":"Available","powerState":"Off"}"#, at(1));
+        seen(&mut state, "b", r#"{"state":"Tainted"}"#, at(2));
+        seen(&mut state, "b", r#"{"state":"Available"}"#, at(3));
+        assert_eq!(state.lag(at(10)), Duration::ZERO);
+        assert!(state.cut().is_none());
+
+        seen(&mut state, "a", r#"{"state":"Reserved"}"#, at(10));
+        seen(&mut state, "a", r#"{"state":"Reserved","powerState":"On"}"#, at(12));
+        seen(&mut state, "b", r#"{"state":"Tainted"}"#, at(13));
+        assert_eq!(state.oldest_unwritten(), Some(at(10)), "a's first change counts, not its second");
+        assert_eq!(state.lag(at(15)), Duration::from_secs(5));
+        // Cut: the times go with the records.
+        let cut = state.cut().unwrap();
+        assert_eq!(cut.records.len(), 2);
+        assert_eq!(cut.observed, [at(10), at(13)], "per record, in the cut's order");
+        assert_eq!(state.oldest_unwritten(), None, "the cut holds them now");
+        // Not stored: put back with their times, older than a change of a seen meanwhile.
+        seen(&mut state, "a", r#"{"state":"Tainted"}"#, at(20));
+        state.put_back(cut);
+        assert_eq!(state.oldest_unwritten(), Some(at(10)));
+        let cut = state.cut().unwrap();
+        assert_eq!(cut.observed, [at(10), at(13)]);
+        let lags: Vec<Duration> = cut.lags(at(21)).collect();
+        assert_eq!(lags, [Duration::from_secs(11), Duration::from_secs(8)]);
+        state.written(&cut);
+        assert_eq!(state.lag(at(30)), Duration::ZERO, "everything in the bucket");
+
+        // A deletion and an object missing from a re-list count from their events too; a
+        // deletion of an object the chain never had counts until the cut drops it.
+        state.deleted_at(servers, None, "a", Some("20".into()), at(40));
+        state.deleted_at(servers, None, "zz", None, at(35));
+        assert_eq!(state.oldest_unwritten(), Some(at(35)));
+        state.list_started(servers);
+        state.list_done_at(servers, at(45));
+        let cut = state.cut().unwrap();
+        assert_eq!(cut.records.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(cut.observed, [at(40), at(45)]);
+        state.written(&cut);
+        assert_eq!(state.oldest_unwritten(), None, "zz dropped by the cut");
+        // Watches restarted: nothing pending, no lag.
+        seen(&mut state, "c", r#"{"state":"Available"}"#, at(50));
+        assert_eq!(state.oldest_unwritten(), Some(at(50)));
+        state.restart_watches();
+        assert_eq!(state.lag(at(60)), Duration::ZERO);
     }
 
     #[test]

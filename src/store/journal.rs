@@ -36,7 +36,37 @@ pub struct SegmentEntry {
     pub signature: bool,
 }
 
+/// What a listing of a base's journal and its newest header tell, without reading the chain
+/// (`snapshots list`): cheap, and not verified (no payload, signature or hash chain is read).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JournalListing {
+    /// Segments with a header.
+    pub segments: u64,
+    /// The first sequence number without a header below the newest header: a restore's chain
+    /// stops before it.
+    pub gap: Option<u64>,
+    /// The header of the newest segment (the highest sequence number with one), or why it
+    /// cannot be read; `None` without segments.
+    pub newest: Option<std::result::Result<SegmentHeader, String>>,
+}
+
 impl SnapshotStore {
+    /// Lists a base's journal and reads its newest header only.
+    pub async fn journal_listing(&self, base: &SnapshotId) -> Result<JournalListing> {
+        let entries = self.list_segments(base).await?;
+        let headers: Vec<u64> = entries.iter().filter(|e| e.header).map(|e| e.sequence).collect();
+        let Some(&last) = headers.last() else { return Ok(JournalListing { segments: 0, gap: None, newest: None }) };
+        let gap = (1..last).find(|sequence| headers.binary_search(sequence).is_err());
+        let what = segment_name(base, last);
+        let path = self.segment_path(base, last, SEGMENT_HEADER_SUFFIX);
+        let newest = match self.segment_object(&path, MAX_SEGMENT_HEADER).await? {
+            Err(reason) => Err(format!("{what} is corrupt: {reason}")),
+            Ok(None) => Err(format!("{what} is missing (removed while listed)")),
+            Ok(Some(bytes)) => SegmentHeader::from_json(&what, &bytes),
+        };
+        Ok(JournalListing { segments: headers.len() as u64, gap, newest: Some(newest) })
+    }
+
     fn journal_dir(&self, base: &SnapshotId) -> Path {
         self.dir(base).join(JOURNAL_DIR)
     }
@@ -436,6 +466,36 @@ mod tests {
         let chain = store.read_chain(&other, ts(BASE_TIME), Some(&trusted)).await.unwrap();
         assert!(chain.links.is_empty());
         assert!(chain.stop.unwrap().reason.contains("not a trusted key"));
+    }
+
+    /// `snapshots list`'s view: the segments listed, the newest header read (unverified), a
+    /// gap named by its first missing sequence number, a corrupt newest header said so.
+    #[tokio::test]
+    async fn a_journal_listing_counts_segments_and_reads_the_newest_header() {
+        let store = store();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        let none = store.journal_listing(&base).await.unwrap();
+        assert_eq!(none, JournalListing { segments: 0, gap: None, newest: None });
+        for state in ["a", "b", "c"] {
+            append(&store, &base, &[server("s", state)], None).await;
+        }
+        let listing = store.journal_listing(&base).await.unwrap();
+        assert_eq!((listing.segments, listing.gap), (3, None));
+        let newest = listing.newest.unwrap().unwrap();
+        assert_eq!(newest.sequence, 3);
+        assert_eq!(newest.to, ts(BASE_TIME) + jiff::SignedDuration::from_secs(15));
+        // A removed middle segment: a gap at 2; a headerless upload after the last is not there.
+        store.store.delete(&store.segment_object_path(&base, 2, SEGMENT_HEADER_SUFFIX)).await.unwrap();
+        let path = store.segment_object_path(&base, 4, SEGMENT_PAYLOAD_SUFFIX);
+        store.store.put(&path, Bytes::from_static(b"half").into()).await.unwrap();
+        let listing = store.journal_listing(&base).await.unwrap();
+        assert_eq!((listing.segments, listing.gap), (2, Some(2)));
+        assert_eq!(listing.newest.unwrap().unwrap().sequence, 3);
+        // The newest header damaged: said, not an error of the listing.
+        let header = store.segment_object_path(&base, 3, SEGMENT_HEADER_SUFFIX);
+        store.store.put(&header, Bytes::from_static(b"{not json").into()).await.unwrap();
+        let reason = store.journal_listing(&base).await.unwrap().newest.unwrap().unwrap_err();
+        assert!(reason.contains("segment 3 of base") && reason.contains("not valid"), "{reason}");
     }
 
     #[tokio::test]

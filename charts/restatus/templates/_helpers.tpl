@@ -105,14 +105,15 @@ topologySpreadConstraints:
         {{- include "restatus.selectorLabels" . | nindent 8 }}
 {{- end }}
 {{- end }}
-{{- $signs := and (has $roleName (list "backup" "source")) $.Values.signing.keySecret }}
-{{- $trusts := and (eq $roleName "controller") $.Values.signing.trustedKeysConfigMap }}
+{{- $signs := and (has $roleName (list "backup" "source" "journal")) $.Values.signing.keySecret }}
+{{- $trusts := and (has $roleName (list "controller" "journal")) $.Values.signing.trustedKeysConfigMap }}
 {{- $custom := include "restatus.customProfile" $ | fromJson }}
-{{- $encrypts := and (has $roleName (list "backup" "source")) $.Values.encryption.recipientsConfigMap }}
-{{- $decrypts := and (eq $roleName "controller") $.Values.encryption.decryptionKeySecret }}
-{{- if or (eq $roleName "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumes $signs $trusts $custom $encrypts $decrypts }}
+{{- $encrypts := and (has $roleName (list "backup" "source" "journal")) $.Values.encryption.recipientsConfigMap }}
+{{- $decrypts := and (has $roleName (list "controller" "journal")) $.Values.encryption.decryptionKeySecret }}
+{{- $spills := has $roleName (list "controller" "journal") }}
+{{- if or $spills $.Values.s3.caBundle.configMap $.Values.extraVolumes $signs $trusts $custom $encrypts $decrypts }}
 volumes:
-  {{- if eq $roleName "controller" }}
+  {{- if $spills }}
   # Snapshot payloads are spilled here while in use (the root filesystem is read-only).
   - name: tmp
     emptyDir: {sizeLimit: 1Gi}
@@ -164,22 +165,23 @@ volumes:
 {{- $ := index . 0 }}
 {{- $role := index $.Values (index . 1) -}}
 {{- $custom := include "restatus.customProfile" $ | fromJson }}
-{{- $signs := and (has (index . 1) (list "backup" "source")) $.Values.signing.keySecret }}
+{{- $signs := and (has (index . 1) (list "backup" "source" "journal")) $.Values.signing.keySecret }}
 {{- $trusted := list }}
-{{- if eq (index . 1) "controller" }}
+{{- if has (index . 1) (list "controller" "journal") }}
 {{- $trusted = $.Values.signing.trustedKeys }}
 {{- if $.Values.signing.trustedKeysConfigMap }}
 {{- $trusted = append $trusted "/etc/restatus/trusted-keys" }}
 {{- end }}
 {{- end }}
 {{- $recipients := list }}
-{{- if has (index . 1) (list "backup" "source") }}
+{{- if has (index . 1) (list "backup" "source" "journal") }}
 {{- $recipients = $.Values.encryption.recipients }}
 {{- if $.Values.encryption.recipientsConfigMap }}
 {{- $recipients = append $recipients "/etc/restatus/encryption-recipients" }}
 {{- end }}
 {{- end }}
-{{- $decrypts := and (eq (index . 1) "controller") $.Values.encryption.decryptionKeySecret }}
+{{- $decrypts := and (has (index . 1) (list "controller" "journal")) $.Values.encryption.decryptionKeySecret }}
+{{- $spills := has (index . 1) (list "controller" "journal") }}
 image: {{ include "restatus.image" $ }}
 imagePullPolicy: {{ $.Values.image.pullPolicy }}
 env:
@@ -254,11 +256,11 @@ envFrom:
   - secretRef:
       name: {{ . }}
 {{- end }}
-{{- $trustsMount := and (eq (index . 1) "controller") $.Values.signing.trustedKeysConfigMap }}
-{{- $recipientsMount := and (has (index . 1) (list "backup" "source")) $.Values.encryption.recipientsConfigMap }}
-{{- if or (eq (index . 1) "controller") $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts $signs $trustsMount $custom $recipientsMount $decrypts }}
+{{- $trustsMount := and (has (index . 1) (list "controller" "journal")) $.Values.signing.trustedKeysConfigMap }}
+{{- $recipientsMount := and (has (index . 1) (list "backup" "source" "journal")) $.Values.encryption.recipientsConfigMap }}
+{{- if or $spills $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts $signs $trustsMount $custom $recipientsMount $decrypts }}
 volumeMounts:
-  {{- if eq (index . 1) "controller" }}
+  {{- if $spills }}
   - {name: tmp, mountPath: /tmp}
   {{- end }}
   {{- if $custom }}
