@@ -685,3 +685,60 @@ async fn a_stalled_bucket_shows_as_a_growing_lag_until_the_segment_is_written() 
     let lag = get(&body, "restatus_journal_change_lag_seconds_sum").unwrap();
     assert!(lag >= 5.0, "the change waited out the stall: {lag} s");
 }
+
+/// The journal killed (SIGKILL) in the middle of a segment upload, on the real S3 server: its
+/// records are in the bucket, its header is not (written here as the upload left them). A
+/// restore does not see that segment and names no gap; the next journal writes the same
+/// sequence number over the orphaned records and completes the chain.
+#[tokio::test]
+async fn a_journal_killed_in_the_middle_of_an_upload_leaves_no_segment_and_the_next_one_completes_it() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrk"), 3, 0, 0);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
+    assert_success(&out, "backup");
+    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let store = bed.store(&storage, &cluster);
+    let (_, base_records) = records(&store, base.as_str()).await;
+    let base_records = Records::from_records(base_records);
+    let (first, second) = (spec.server_name(0), spec.server_name(1));
+
+    let (mut journal, log) = start_journal(&bed, &storage, &cluster, &selector, "1s");
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    patch_status(&source, "Server", None, &first, json!({"indicatorLED": "Blinking"})).await;
+    let one = |s: &[(String, Value)]| status_of(s, &first)["indicatorLED"] == "Blinking";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), one).await;
+    let written = chain.links.len() as u64;
+
+    // Killed; the records of its next segment reached the bucket, the header did not.
+    journal.kill().unwrap();
+    journal.wait().unwrap();
+    let orphan = store.segment_object_path(&base, written + 1, SEGMENT_PAYLOAD_SUFFIX);
+    object_store::ObjectStoreExt::put(
+        store.object_store().as_ref(),
+        &orphan,
+        bytes::Bytes::from_static(b"records of an upload that died").into(),
+    )
+    .await
+    .unwrap();
+    let args = ["restore", "--dry-run", "--selector", &selector, "-o", "json"];
+    let dry_run = bed.restatus_with(&bed.target_kubeconfig, &storage, &cluster, &args, &[]);
+    assert_success(&dry_run, "restore --dry-run");
+    let report: Value = serde_json::from_str(&stdout(&dry_run)).expect("restore -o json");
+    assert_eq!(report["restoredTo"]["segmentsApplied"], written, "{report}");
+    assert!(report["restoredTo"].get("gap").is_none(), "records without a header are no segment, and no gap: {report}");
+
+    // A change while no journal runs; the next journal writes it as the same sequence number.
+    patch_status(&source, "Server", None, &second, json!({"indicatorLED": "Blinking"})).await;
+    let (mut journal, log) = start_journal(&bed, &storage, &cluster, &selector, "1s");
+    let both = |s: &[(String, Value)]| one(s) && status_of(s, &second)["indicatorLED"] == "Blinking";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), both).await;
+    stop(&mut journal, &log).await;
+    assert_eq!(chain.stop, None, "no gap: {}", log_of(&log));
+    assert_eq!(chain.links[written as usize].header.sequence, written + 1, "the orphaned sequence number, completed");
+}
