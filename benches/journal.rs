@@ -131,8 +131,9 @@ async fn main() {
     let total = (rate * minutes) as usize;
     let every = Duration::from_secs_f64(60.0 / rate as f64);
     let load_started = Instant::now();
+    // Each patch on its own task at its time, so that a slow answer does not slow the rate.
     let changes = tokio::spawn(async move {
-        let mut done = Vec::with_capacity(total);
+        let mut patches = tokio::task::JoinSet::new();
         let mut pick: u64 = 0x9e37_79b9_7f4a_7c15;
         for k in 0..total {
             tokio::time::sleep_until((load_started + every * k as u32).into()).await;
@@ -140,15 +141,18 @@ async fn main() {
             pick ^= pick >> 7;
             pick ^= pick << 17;
             let server = spec.server_name((pick % n as u64) as usize);
-            let patch = json!({"status": {"serialNumber": format!("J{k:08}")}});
-            let o = servers
-                .patch_status(&server, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .unwrap_or_else(|e| panic!("patch the status of {server}: {e}"));
-            let rv: u64 = o.metadata.resource_version.as_deref().and_then(|v| v.parse().ok()).expect("a resourceVersion");
-            done.push((rv, Instant::now()));
+            let servers = servers.clone();
+            patches.spawn(async move {
+                let patch = json!({"status": {"serialNumber": format!("J{k:08}")}});
+                let o = servers
+                    .patch_status(&server, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .unwrap_or_else(|e| panic!("patch the status of {server}: {e}"));
+                let rv = o.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+                (rv.expect("a resourceVersion"), Instant::now())
+            });
         }
-        done
+        patches.join_all().await
     });
     let mut thirds = Vec::new();
     while !changes.is_finished() {
