@@ -86,12 +86,11 @@ impl Point {
 
     /// "base X + 3 segments at T", for logs and reports.
     pub fn describe(&self) -> String {
-        let segments = match self.segments_applied {
-            0 => "the base alone".to_string(),
-            1 => "1 journal segment".to_string(),
-            n => format!("{n} journal segments"),
-        };
-        format!("snapshot {} + {segments}, at {}", self.base, self.time)
+        match self.segments_applied {
+            0 => format!("snapshot {} (no journal segment applied), at {}", self.base, self.time),
+            1 => format!("snapshot {} + 1 journal segment, at {}", self.base, self.time),
+            n => format!("snapshot {} + {n} journal segments, at {}", self.base, self.time),
+        }
     }
 }
 
@@ -231,17 +230,14 @@ async fn choose(
         if let Some(refused) = accept.refuses(&manifest) {
             return Err(refused);
         }
-        // An inconsistent base without a journal is refused before its payload is downloaded,
-        // as before journals.
-        let refused_alone = !manifest.is_consistent() && !accept.inconsistent;
-        if accept.journal && refused_alone && !store.list_segments(&id).await?.iter().any(|s| s.header) {
-            return Err(Error::Inconsistent { snapshot: id.to_string(), reason: inconsistent(&manifest) });
-        }
-        let records = Records::decode(&manifest, store.fetch_payload(&manifest).await?)?;
         if !accept.journal {
+            let records = Records::decode(&manifest, store.fetch_payload(&manifest).await?)?;
             return Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![], signer, point: None, tail: None });
         }
-        let (records, point, tail) = at_point(store, &manifest, records, accept).await?;
+        // The chain first: a base no point of which qualifies (an inconsistent base without
+        // a journal, as before journals, or whose every point is inconsistent) is refused
+        // before its payload is downloaded (the controller asks at every refresh).
+        let (records, point, tail) = at_point(store, &manifest, accept).await?;
         Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![], signer, point, tail: Some(tail) })
     };
     if let Some(id) = pinned {
@@ -301,10 +297,10 @@ async fn choose(
 async fn at_point(
     store: &SnapshotStore,
     manifest: &Manifest,
-    records: Records,
     accept: &Accept,
 ) -> Result<(Records, Option<Point>, Tail)> {
     let (chain, point) = chain_point(store, manifest, accept).await?;
+    let records = Records::decode(manifest, store.fetch_payload(manifest).await?)?;
     let applied = &chain.links[..point.segments_applied as usize];
     let records = match applied.is_empty() {
         true => records,
