@@ -19,10 +19,10 @@ use crate::bed::{
     simulate_move, stderr, stdout, unique, wait_some_restored,
 };
 
-struct Controller {
+pub(crate) struct Controller {
     child: Child,
     port: u16,
-    log: std::path::PathBuf,
+    pub(crate) log: std::path::PathBuf,
 }
 
 impl Controller {
@@ -38,7 +38,7 @@ impl Controller {
     }
 
     /// Starts a controller with `extra` arguments.
-    fn start_with(
+    pub(crate) fn start_with(
         bed: &Bed,
         kubeconfig: &std::path::Path,
         storage: &str,
@@ -86,7 +86,7 @@ impl Controller {
         Controller { child, port, log }
     }
 
-    async fn get(&self, path: &str) -> Option<(u16, String)> {
+    pub(crate) async fn get(&self, path: &str) -> Option<(u16, String)> {
         let out = Command::new("curl")
             .args(["-s", "-o", "-", "-w", "\n%{http_code}", &format!("http://127.0.0.1:{}{path}", self.port)])
             .output()
@@ -96,7 +96,7 @@ impl Controller {
         Some((code.trim().parse().ok()?, body.to_string()))
     }
 
-    async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some((200, _)) = self.get("/readyz").await {
@@ -112,7 +112,7 @@ impl Controller {
 
     /// SIGTERM, then waits for the exit without blocking the runtime: a test's in-process
     /// proxy must keep answering the controller while it shuts down.
-    async fn stop(mut self) -> std::process::ExitStatus {
+    pub(crate) async fn stop(mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -142,7 +142,7 @@ async fn backed_up(bed: &Bed, spec: &FleetSpec, concurrency: usize) -> (String, 
 }
 
 /// A namespace of the test's own on the target, for a controller's Lease.
-async fn lease_namespace(bed: &Bed) -> String {
+pub(crate) async fn lease_namespace(bed: &Bed) -> String {
     let ns = unique("lease-ns");
     ensure_namespace(&bed.target().await, &ns).await;
     ns
@@ -168,7 +168,7 @@ async fn wait_restored(bed: &Bed, fleet: &str, within: Duration) -> Duration {
     }
 }
 
-fn metric(text: &str, name: &str) -> f64 {
+pub(crate) fn metric(text: &str, name: &str) -> f64 {
     text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 

@@ -14,6 +14,8 @@ use restatus::format::{Chain, Records, SEGMENT_PAYLOAD_SUFFIX, SnapshotId, choos
 use restatus::store::SnapshotStore;
 use serde_json::{Value, json};
 
+use crate::controller::{Controller, metric};
+
 use crate::bed::{
     Bed, TARGET, assert_success, fleet_state, generate_age_keys, generate_keys, records, simulate_move, stderr, stdout,
     unique,
@@ -741,4 +743,214 @@ async fn a_journal_killed_in_the_middle_of_an_upload_leaves_no_segment_and_the_n
     stop(&mut journal, &log).await;
     assert_eq!(chain.stop, None, "no gap: {}", log_of(&log));
     assert_eq!(chain.links[written as usize].header.sequence, written + 1, "the orphaned sequence number, completed");
+}
+
+/// Waits (at most `within`) until `holds` is true of the controller's `/metrics`.
+async fn wait_metrics(controller: &Controller, within: Duration, holds: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let (_, metrics) = controller.get("/metrics").await.unwrap_or_default();
+        if holds(&metrics) {
+            return metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics not as expected within {within:?}: {metrics}\nlog:\n{}",
+            log_of(&controller.log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits (at most `within`) until `name`'s status on `client` is `status`.
+async fn wait_status(client: &kube::Client, kind: &str, name: &str, status: &Value, within: Duration, log: &PathBuf) {
+    let deadline = Instant::now() + within;
+    loop {
+        let object = api(client, kind, None).get(name).await.unwrap();
+        let now = object.data.get("status").cloned().unwrap_or(Value::Null);
+        if &now == status {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{kind} {name} is {now}, not {status}, after {within:?}:\n{}", log_of(log));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Item 1 of issue 23: the restore controller reads the journal. A Server's status changed
+/// after the snapshot (only in segment 1) is restored by a controller started on the target
+/// after the move; a second Server's change, journaled after the controller loaded its point
+/// (a segment it has not seen), is picked up at a refresh (`--snapshot-refresh 1s`): the
+/// point advances (log, `restatus_snapshot_journal_segments`, the timestamp gauge is the last
+/// segment's `to`, `/readyz` names the point), and that Server, created on the target
+/// without status afterwards, gets the status the segment holds. `snapshots show` names the
+/// same point.
+#[tokio::test]
+async fn the_controller_restores_to_the_journal_point_and_reads_on_at_each_refresh() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-ctl"), 4, 4, 2);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let (first, second) = (spec.server_name(2), spec.server_name(3));
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
+    assert_success(&out, "backup");
+    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let store = bed.store(&storage, &cluster);
+    let (_, base_records) = records(&store, base.as_str()).await;
+    let base_records = Records::from_records(base_records);
+    let (mut journal, log) = start_journal(&bed, &storage, &cluster, &selector, "1s");
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    patch_status(&source, "Server", None, &first, json!({"indicatorLED": "Blinking"})).await;
+    let blinking = |s: &[(String, Value)]| status_of(s, &first)["indicatorLED"] == "Blinking";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
+    let loaded_segments = chain.links.len();
+
+    // The move; the second Server is not on the target yet.
+    let target = bed.target().await;
+    simulate_move(&source, &target, &spec.name, &|n| n.to_string()).await;
+    api(&target, "Server", None).delete(&second, &Default::default()).await.unwrap();
+    let lease_ns = crate::controller::lease_namespace(&bed).await;
+    let controller = Controller::start_with(
+        &bed,
+        &bed.target_kubeconfig,
+        &storage,
+        &cluster,
+        &selector,
+        &lease_ns,
+        &["--snapshot-refresh", "1s"],
+    );
+    controller.wait_ready().await;
+    let source_status = |name: String| {
+        let source = source.clone();
+        async move { api(&source, "Server", None).get(&name).await.unwrap().data["status"].clone() }
+    };
+    let first_status = source_status(first.clone()).await;
+    assert_eq!(first_status["indicatorLED"], "Blinking");
+    wait_status(&target, "Server", &first, &first_status, Duration::from_secs(30), &controller.log).await;
+    let segments = |n: usize| move |m: &str| metric(m, "restatus_snapshot_journal_segments") == n as f64;
+    wait_metrics(&controller, Duration::from_secs(10), segments(loaded_segments)).await;
+    let (_, ready) = controller.get("/readyz").await.unwrap();
+    assert!(ready.contains(&format!("restoring to snapshot {base} + ")), "{ready}");
+
+    // After the controller loaded its point: the second Server changes on the source; the
+    // journal writes it; the controller's refresh (every second) takes up the new point.
+    patch_status(&source, "Server", None, &second, json!({"indicatorLED": "Lit", "powerState": "On"})).await;
+    let lit = |s: &[(String, Value)]| status_of(s, &second)["indicatorLED"] == "Lit";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), lit).await;
+    let now = chain.links.len();
+    assert!(now > loaded_segments);
+    // Within 30 s: refreshes every second, with room for a slow, shared test bed.
+    let metrics = wait_metrics(&controller, Duration::from_secs(30), segments(now)).await;
+    let to = chain.links.last().unwrap().header.to.as_millisecond() as f64 / 1000.0;
+    assert_eq!(metric(&metrics, "restatus_snapshot_timestamp_seconds"), to, "the gauge is the point's time");
+    let advanced = log_of(&controller.log);
+    assert!(advanced.contains("journal point advanced"), "{advanced}");
+    assert_eq!(advanced.matches("using snapshot").count(), 1, "the base is not loaded again: {advanced}");
+
+    // The second Server arrives on the target without status: it gets the segment's status.
+    let object = api(&source, "Server", None).get(&second).await.unwrap();
+    let copy = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+        "metadata": {"name": second, "labels": object.metadata.labels, "annotations": object.metadata.annotations},
+        "spec": object.data["spec"]});
+    api(&target, "Server", None).create(&PostParams::default(), &serde_json::from_value(copy).unwrap()).await.unwrap();
+    let second_status = source_status(second.clone()).await;
+    wait_status(&target, "Server", &second, &second_status, Duration::from_secs(30), &controller.log).await;
+
+    // `snapshots show` names the same point; --no-journal the snapshot alone.
+    let out = bed.restatus(&storage, &cluster, &["snapshots", "show", base.as_str(), "-o", "json"]);
+    assert_success(&out, "snapshots show");
+    let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["snapshotId"], base.as_str());
+    assert_eq!(shown["journalPoint"]["segmentsApplied"], now as u64, "{shown}");
+    let out = bed.restatus(&storage, &cluster, &["snapshots", "show", base.as_str(), "--no-journal", "-o", "json"]);
+    let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(shown.get("journalPoint").is_none(), "{shown}");
+
+    stop(&mut journal, &log).await;
+    assert!(controller.stop().await.success());
+}
+
+/// Item 3 of issue 23: compaction. With `--max-segments 2`, two changes make a chain of two
+/// segments, which the journal folds into a new base snapshot (its log says so): its records
+/// are the old base's with both segments applied, its time the last segment's `to`, its
+/// verdict the last segment's, its `capturedFrom` the old base's; `snapshots diff` of the old
+/// base's chain point against the new base alone shows no difference (and against the old
+/// base alone, the two changes); the journal moves to the new base and its chain goes on there
+/// (a third change is segment 1 of the new base).
+#[tokio::test]
+async fn a_chain_at_max_segments_is_folded_into_a_new_base_and_goes_on_there() {
+    let bed = Bed::get();
+    let spec = FleetSpec::new(&unique("jrn-fold"), 2, 2, 1);
+    let source = bed.source().await;
+    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let storage = bed.storage(&spec.name);
+    let cluster = spec.name.clone();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
+    assert_success(&out, "backup");
+    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let store = bed.store(&storage, &cluster);
+    let (base_manifest, base_records) = records(&store, base.as_str()).await;
+    let base_records = Records::from_records(base_records);
+    // The base refresh far off: the journal moves to the folded base because it folded it.
+    let args = ["--journal-interval", "1s", "--max-segments", "2", "--base-refresh", "1h"];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let (one, two) = (spec.server_name(0), spec.server_name(1));
+    patch_status(&source, "Server", None, &one, json!({"indicatorLED": "Blinking"})).await;
+    let blinking = |s: &[(String, Value)]| status_of(s, &one)["indicatorLED"] == "Blinking";
+    wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
+    patch_status(&source, "Server", None, &two, json!({"indicatorLED": "Lit"})).await;
+    wait_log(&log, "journal chain folded into a new base snapshot", 1, Duration::from_secs(30)).await;
+    wait_log(&log, "a newer base snapshot", 1, Duration::from_secs(30)).await;
+
+    let chain = store.read_chain(&base, base_manifest.created_at, None).await.unwrap();
+    assert_eq!(chain.links.len(), 2, "folded at two segments");
+    let folded = store.list().await.unwrap().into_iter().rev().find(|e| e.complete).unwrap().id;
+    assert_ne!(folded, base);
+    let (manifest, folded_records) = records(&store, folded.as_str()).await;
+    let expected = point(&base_records, &chain.links).unwrap();
+    let statuses = |records: &[restatus::format::Record]| {
+        let mut s: Vec<(String, String)> =
+            records.iter().map(|r| (r.name.clone(), r.status.get().to_string())).collect();
+        s.sort();
+        s
+    };
+    assert_eq!(statuses(&folded_records), statuses(&expected), "the folded base holds base + segments");
+    assert_eq!(manifest.created_at, chain.links[1].header.to);
+    assert!(manifest.is_consistent());
+    assert_eq!(manifest.captured_from, base_manifest.captured_from);
+    assert_eq!(manifest.payload.records as usize, expected.len());
+
+    // The old base's chain point and the new base alone: no difference. The old base alone:
+    // the two changes.
+    let diff = |args: &[&str]| {
+        let mut all = vec!["snapshots", "diff"];
+        all.extend(args);
+        all.extend(["-o", "json"]);
+        let out = bed.restatus(&storage, &cluster, &all);
+        assert_success(&out, "snapshots diff");
+        serde_json::from_str::<Value>(&stdout(&out)).unwrap()
+    };
+    let alone = format!("{folded}@{}", manifest.created_at);
+    let same = diff(&[base.as_str(), &alone]);
+    assert_eq!(same["changed"].as_array().unwrap().len(), 0, "{same}");
+    assert_eq!(same["onlyInA"].as_array().unwrap().len() + same["onlyInB"].as_array().unwrap().len(), 0, "{same}");
+    assert_eq!(same["aPoint"]["segmentsApplied"], 2, "{same}");
+    assert!(same["bPoint"].is_null() || same["bPoint"]["segmentsApplied"] == 0, "the new base alone: {same}");
+    let before = diff(&[base.as_str(), &alone, "--no-journal"]);
+    assert_eq!(before["changed"].as_array().unwrap().len(), 2, "{before}");
+
+    // The chain goes on on the new base.
+    patch_status(&source, "Server", None, &one, json!({"indicatorLED": "Off"})).await;
+    let off = |s: &[(String, Value)]| status_of(s, &one)["indicatorLED"] == "Off";
+    let records_of_folded = Records::from_records(folded_records);
+    let chain = wait_point(&store, &folded, &records_of_folded, Duration::from_secs(30), off).await;
+    assert_eq!(chain.links[0].header.sequence, 1);
+    assert_eq!(chain.links[0].header.base_snapshot_id, folded);
+    stop(&mut journal, &log).await;
+    assert_eq!(log_of(&log).matches("journal chain folded").count(), 1, "{}", log_of(&log));
 }

@@ -202,3 +202,100 @@ fn a_usage_error_is_a_json_line_with_json_logs() {
     let help = text(&help.stdout);
     assert!(help.contains("2 the command line was not understood") && help.contains("3 backup"), "{help}");
 }
+
+/// Appends a segment of `records` (tombstones for `gone`) to `base`'s chain, `secs` after its
+/// point; its `to`.
+async fn append(store: &SnapshotStore, base: &SnapshotId, records: &[Record], gone: &[Record], secs: i64) -> String {
+    let at = base.timestamp().unwrap();
+    let chain = store.read_chain(base, at, None).await.unwrap();
+    let mut all: Vec<Record> = records.to_vec();
+    all.extend(gone.iter().map(restatus::format::tombstone));
+    let (bytes, summary) = PayloadEncoder::encode_all(3, None, &all).unwrap();
+    let from = chain.links.last().map_or(at, |l| l.header.to);
+    let to = from + jiff::SignedDuration::from_secs(secs);
+    let mut header = restatus::format::SegmentHeader::new(
+        store.cluster_id(),
+        base,
+        chain.next_sequence(),
+        chain.last_sha256(),
+        from,
+        to,
+        Default::default(),
+        (records.len() as u64, gone.len() as u64),
+        summary,
+        None,
+    );
+    store.put_segment(&mut header, bytes, None).await.unwrap();
+    to.to_string()
+}
+
+/// Item 2 of issue 23: `snapshots show` and `diff` read chains. By default the newest complete
+/// point (named: base + segments, time), `--at` an earlier one, `ID@TIME` one per side of a
+/// diff, `--no-journal` the snapshot alone; the table names the point. B30-B33: a time that is
+/// not RFC 3339 after `@` (exit 1, named) or in `--at` (exit 2), `--at` with `--no-journal`
+/// (exit 2), `latest@TIME` before every snapshot (exit 1, said so), `journal --max-segments 0`
+/// (exit 2).
+#[tokio::test]
+async fn snapshots_show_and_diff_read_the_journal_to_a_point() {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = file_storage(tmp.path());
+    let store = SnapshotStore::open(&storage, "c").unwrap();
+    let base = write(&store, "2026-11-30T09:00:00Z", 3, "Available").await;
+    let first_to = append(&store, &base, &[record(1, r#"{"state":"Reserved"}"#)], &[], 5).await;
+    append(&store, &base, &[record(9, r#"{"state":"Initial"}"#)], &[record(0, "{}")], 5).await;
+    let id = base.to_string();
+    let run = |args: &[&str]| {
+        let mut args = args.to_vec();
+        args.extend(["-o", "json"]);
+        document(&restatus(&storage, &args, &[]), "json", &args.join(" "))
+    };
+    let shown = run(&["snapshots", "show", &id]);
+    assert_eq!(shown["snapshotId"], id.as_str());
+    let point = &shown["journalPoint"];
+    assert_eq!((&point["segmentsApplied"], &point["segmentsVerified"]), (&Value::from(2), &Value::from(2)), "{shown}");
+    assert_eq!(point["time"], "2026-11-30T09:00:10Z");
+    assert!(run(&["snapshots", "show", &id, "--no-journal"]).get("journalPoint").is_none());
+    assert_eq!(run(&["snapshots", "show", &id, "--at", &first_to])["journalPoint"]["segmentsApplied"], 1);
+    let names = |rows: Value| -> Vec<String> {
+        rows.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap_or_default().to_string()).collect()
+    };
+    assert_eq!(names(run(&["snapshots", "show", &id, "--objects"])), ["server-1", "server-2", "server-9"]);
+    assert_eq!(
+        names(run(&["snapshots", "show", &id, "--objects", "--no-journal"])),
+        ["server-0", "server-1", "server-2"]
+    );
+
+    // The chain's point against the base alone: what the journal added.
+    let alone = format!("{id}@2026-11-30T09:00:00Z");
+    let diff = run(&["snapshots", "diff", &id, &alone]);
+    let count = |field: &str| diff[field].as_array().map(Vec::len);
+    assert_eq!((count("changed"), count("onlyInA"), count("onlyInB")), (Some(1), Some(1), Some(1)), "{diff}");
+    assert_eq!(
+        (&diff["aPoint"]["segmentsApplied"], &diff["bPoint"]["segmentsApplied"]),
+        (&Value::from(2), &Value::from(0))
+    );
+    let same = run(&["snapshots", "diff", &id, &alone, "--no-journal"]);
+    assert_eq!(same["changed"].as_array().map(Vec::len), Some(0), "{same}");
+
+    // The table names the point.
+    let table = text(&restatus(&storage, &["snapshots", "show", &id], &[]).stdout);
+    assert!(
+        table.contains(&format!(
+            "Journal point: base {id} + 2 of 2 verified segments, at 2026-11-30T09:00:10Z (consistent)"
+        )),
+        "{table}"
+    );
+
+    // Bad inputs.
+    let bad = restatus(&storage, &["snapshots", "show", &format!("{id}@yesterday")], &[]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad.stderr).contains(r#""yesterday" is not a time (RFC 3339)"#), "{}", text(&bad.stderr));
+    assert_eq!(restatus(&storage, &["snapshots", "show", &id, "--at", "yesterday"], &[]).status.code(), Some(2));
+    let both = restatus(&storage, &["snapshots", "show", &id, "--at", &first_to, "--no-journal"], &[]);
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
+    let before = restatus(&storage, &["snapshots", "show", "latest@2020-01-01T00:00:00Z"], &[]);
+    assert_eq!(before.status.code(), Some(1));
+    assert!(text(&before.stderr).contains("no complete snapshot captured at or before 2020-01-01T00:00:00Z"));
+    let zero = restatus(&storage, &["journal", "--max-segments", "0"], &[]);
+    assert_eq!(zero.status.code(), Some(2), "{}", text(&zero.stderr));
+}

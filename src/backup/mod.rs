@@ -9,7 +9,6 @@ pub mod schedule;
 
 use jiff::Timestamp;
 use object_store::buffered::BufWriter;
-use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
 use crate::domain::identity::Profile;
@@ -88,7 +87,7 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
             attempt += 1;
             continue;
         }
-        let manifest = finish(client, store, &id, upload, encoder, opts.signing_key.as_deref(), |summary| {
+        let manifest = finish(client, store, upload, encoder, opts.signing_key.as_deref(), |summary| {
             Manifest::new(store.cluster_id(), id.clone(), created_at, &opts.profile.name, capture, summary)
         });
         let manifest = manifest.await?;
@@ -106,33 +105,19 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
 
 /// Completes the payload upload, then writes the manifest `manifest` makes of its summary,
 /// with the identity of the cluster the objects came from; signed (signature first) with
-/// `signing_key`.
+/// `signing_key` ([`SnapshotStore::finish_snapshot`]).
 async fn finish(
     client: &kube::Client,
     store: &SnapshotStore,
-    id: &SnapshotId,
-    mut upload: BufWriter,
+    upload: BufWriter,
     encoder: PayloadEncoder,
     signing_key: Option<&SigningKey>,
     manifest: impl FnOnce(PayloadSummary) -> Manifest,
 ) -> Result<Manifest> {
     let (tail, summary) = encoder.finish().map_err(|e| Error::io("finish zstd", e))?;
-    let uploaded = async {
-        upload.write_all(&tail).await?;
-        upload.shutdown().await
-    }
-    .await;
-    if let Err(e) = uploaded {
-        // Not aborted: after a failed shutdown object_store has nothing left to abort (a single
-        // PUT failed, or completing the multipart upload did). No manifest is written either way.
-        return Err(Error::io(format!("upload payload of snapshot {id} to {}", store.location()), e));
-    }
     let mut manifest = manifest(summary);
     manifest.captured_from = crate::k8s::cluster_uid(client).await;
-    match signing_key {
-        Some(key) => store.put_signed_manifest(&mut manifest, key).await?,
-        None => store.put_manifest(&manifest).await?,
-    }
+    store.finish_snapshot(upload, &tail, &mut manifest, signing_key).await?;
     Ok(manifest)
 }
 

@@ -29,8 +29,8 @@ use tracing::{info, warn};
 use super::output::{self, OutputFormat};
 use super::progress;
 use super::{
-    BackupArgs, Cli, Command, ControllerArgs, EncryptionArgs, Global, KeysCommand, OutputArgs, PreflightArgs,
-    RestoreArgs, Role, SigningArgs, SnapshotsCommand,
+    BackupArgs, Cli, Command, ControllerArgs, EncryptionArgs, Global, KeysCommand, OutputArgs, PointArgs,
+    PreflightArgs, RestoreArgs, Role, SigningArgs, SnapshotsCommand,
 };
 
 /// Runs one command; the exit code for commands that have more than success and failure.
@@ -154,6 +154,7 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
                 base_refresh: args.base_refresh,
                 base_wait: args.base_wait,
                 zstd_level: args.zstd_level,
+                max_segments: args.max_segments,
                 chain_keys: run_keys(trusted.as_deref(), signing.as_deref()).map(Arc::new),
                 trusted: trusted.clone(),
                 signing_key: signing,
@@ -348,6 +349,7 @@ async fn controller(
         snapshot_refresh: args.snapshot_refresh,
         snapshot_timeout: args.snapshot_timeout,
         batch_window: Duration::from_millis(50),
+        journal: !args.no_journal,
     };
     let election = Election {
         http_addr: args.http_addr,
@@ -377,6 +379,7 @@ async fn restore(
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
         trusted_keys: trusted,
+        journal: !args.no_journal,
         at: args.at,
         concurrency: args.concurrency.max(1),
         selector: g.selector.clone(),
@@ -460,38 +463,41 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand, trusted: Op
             }
             output::emit(out.output, &clusters, || output::cluster_table(&clusters))?;
         }
-        SnapshotsCommand::Show { id, objects: true, kind, filter, output: out } => {
-            let id = store::resolve(store, &id).await?;
+        SnapshotsCommand::Show { id, point, objects: true, kind, filter, output: out } => {
+            let (manifest, records, at) = snapshot_at(store, &id, point, trusted, true).await?;
+            log_point(&manifest, at.as_ref());
             let mut rows = Vec::new();
-            // Streams the records; keeps only the rows that match.
-            store
-                .load_verified(&id, trusted, |record| {
-                    let row = output::ObjectRow::of(&record);
-                    if row.matches(kind.as_deref(), filter.as_deref()) {
-                        rows.push(row);
-                    }
-                    Ok(())
-                })
-                .await?;
+            for i in 0..records.len() {
+                let row = output::ObjectRow::of(&records.record(i)?);
+                if row.matches(kind.as_deref(), filter.as_deref()) {
+                    rows.push(row);
+                }
+            }
             output::emit(out.output, &rows, || output::object_table(&rows))?;
         }
-        SnapshotsCommand::Show { id, output: out, .. } => {
-            let (manifest, _) = store.verified_manifest(&store::resolve(store, &id).await?, trusted).await?;
-            output::emit(out.output, &manifest, || output::manifest_text(&manifest))?;
+        SnapshotsCommand::Show { id, point, output: out, .. } => {
+            let (manifest, _, at) = snapshot_at(store, &id, point, trusted, false).await?;
+            let shown = output::ShownSnapshot { manifest: &manifest, journal_point: at.as_ref() };
+            output::emit(out.output, &shown, || shown.text())?;
         }
-        SnapshotsCommand::Diff { a, b, output: out } => {
-            let (a, b) = (store::resolve(store, &a).await?, store::resolve(store, &b).await?);
-            let mut comparer = Comparer::new(a.to_string(), b.to_string());
-            store
-                .load_verified(&a, trusted, |record| comparer.add_a(&record))
-                .await
-                .with_context(|| format!("read snapshot {a}"))?;
-            store
-                .load_verified(&b, trusted, |record| comparer.add_b(&record))
-                .await
-                .with_context(|| format!("read snapshot {b}"))?;
-            let diff = comparer.finish();
-            output::emit(out.output, &diff, || output::diff_table(&diff))?;
+        SnapshotsCommand::Diff { a, b, point, output: out } => {
+            let (ma, a_records, a_point) =
+                snapshot_at(store, &a, point, trusted, true).await.with_context(|| format!("read snapshot {a}"))?;
+            let (mb, b_records, b_point) =
+                snapshot_at(store, &b, point, trusted, true).await.with_context(|| format!("read snapshot {b}"))?;
+            let label = |m: &restatus::format::Manifest, p: Option<&store::Point>| match p {
+                Some(p) => format!("{} +{} segments ({})", m.snapshot_id, p.segments_applied, p.time),
+                None => m.snapshot_id.to_string(),
+            };
+            let mut comparer = Comparer::new(label(&ma, a_point.as_ref()), label(&mb, b_point.as_ref()));
+            for i in 0..a_records.len() {
+                comparer.add_a(&a_records.record(i)?)?;
+            }
+            for i in 0..b_records.len() {
+                comparer.add_b(&b_records.record(i)?)?;
+            }
+            let diff = output::PointDiff { diff: comparer.finish(), a_point, b_point };
+            output::emit(out.output, &diff, || diff.text())?;
         }
         SnapshotsCommand::Verify { id, output: out } => return verify(store, &id, out, trusted).await,
         SnapshotsCommand::Prune { retention, dry_run, output: out } => {
@@ -516,6 +522,49 @@ async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand, trusted: Op
         }
     }
     Ok(())
+}
+
+/// `snapshots show`/`diff`: `ID`, `latest`, `ID@TIME` or `latest@TIME` (`--at` the time when
+/// none is given) at the point of its journal `point` asks for.
+async fn snapshot_at(
+    store: &SnapshotStore,
+    id: &str,
+    point: PointArgs,
+    trusted: Option<&TrustedKeys>,
+    records: bool,
+) -> Result<(restatus::format::Manifest, restatus::format::Records, Option<store::Point>)> {
+    let (id, at) = match id.split_once('@') {
+        Some((id, at)) => {
+            let at: jiff::Timestamp = at.parse().with_context(|| format!("{at:?} is not a time (RFC 3339)"))?;
+            (id, Some(at))
+        }
+        None => (id, point.at),
+    };
+    let id = match (id, at) {
+        ("latest", Some(at)) => {
+            let entries = store.list().await?;
+            let before = entries.into_iter().rev().find(|e| e.complete && e.id.timestamp().is_some_and(|t| t <= at));
+            match before {
+                Some(entry) => entry.id,
+                None => bail!("no complete snapshot captured at or before {at} in {}", store.location()),
+            }
+        }
+        (id, _) => store::resolve(store, id).await?,
+    };
+    Ok(store::snapshot_at(store, &id, trusted, !point.no_journal, at, records).await?)
+}
+
+/// Says on stderr which point of the journal is shown.
+fn log_point(manifest: &restatus::format::Manifest, point: Option<&store::Point>) {
+    match point {
+        Some(p) => {
+            info!(consistent = p.consistent, "showing {}", p.describe());
+            if let Some(gap) = &p.gap {
+                warn!("journal: {gap}");
+            }
+        }
+        None => info!("showing snapshot {} (no journal read)", manifest.snapshot_id),
+    }
 }
 
 async fn verify(store: &SnapshotStore, id: &str, out: OutputArgs, trusted: Option<&TrustedKeys>) -> Result<()> {

@@ -212,6 +212,12 @@ pub struct JournalArgs {
     /// 0.0.0.0:8080.
     #[arg(long, env = "RESTATUS_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// When a chain reaches this many segments, fold its base and segments into a new base
+    /// snapshot (signed and encrypted as the segments are) and start a new chain on it, so
+    /// that a restore never reads more than about this many segments. Default: an hour at
+    /// the default 5 s interval.
+    #[arg(long, default_value_t = restatus::journal::DEFAULT_MAX_SEGMENTS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_segments: u64,
     #[command(flatten)]
     pub signing: SigningArgs,
     #[command(flatten)]
@@ -279,6 +285,9 @@ pub struct RestoreArgs {
     /// the newest complete point of the newest snapshot's journal.
     #[arg(long, value_name = "TIME")]
     pub at: Option<jiff::Timestamp>,
+    /// Restore the snapshot alone: do not read its journal.
+    #[arg(long, conflicts_with = "at")]
+    pub no_journal: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -338,6 +347,11 @@ pub struct ControllerArgs {
     /// Objects written at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Restore to the snapshot alone: do not read its journal. By default the controller
+    /// restores to the newest complete consistent point of the newest snapshot's journal and
+    /// reads the segments written since at every --snapshot-refresh.
+    #[arg(long)]
+    pub no_journal: bool,
     /// Source role: signs its final snapshots.
     #[command(flatten)]
     pub signing: SigningArgs,
@@ -388,9 +402,14 @@ pub enum SnapshotsCommand {
     List(OutputArgs),
     /// Lists the cluster ids under the storage URL's prefix, with each one's newest snapshot.
     Clusters(OutputArgs),
-    /// Shows a snapshot's manifest (ID or `latest`), or with --objects its records.
+    /// Shows a snapshot's manifest (ID or `latest`), or with --objects its records, at the
+    /// newest complete point of its journal (the point is named: base + N segments, time,
+    /// verdict, a gap); `ID@TIME` or --at picks an earlier point, --no-journal the snapshot
+    /// alone.
     Show {
         id: String,
+        #[command(flatten)]
+        point: PointArgs,
         /// List the records (kind, primary key, namespace/name) instead of the manifest.
         #[arg(long)]
         objects: bool,
@@ -405,10 +424,14 @@ pub enum SnapshotsCommand {
     },
     /// The objects whose status differs between snapshots A and B (IDs or `latest`), per
     /// top-level status field, and those in only one of them: what restoring A instead of B
-    /// would change.
+    /// would change. Each side is at the newest complete point of its snapshot's journal
+    /// (named in the output); `ID@TIME` picks the point at or before TIME on that side, --at
+    /// on both, --no-journal compares the snapshots alone.
     Diff {
         a: String,
         b: String,
+        #[command(flatten)]
+        point: PointArgs,
         #[command(flatten)]
         output: OutputArgs,
     },
@@ -442,6 +465,18 @@ pub enum SnapshotsCommand {
         #[command(flatten)]
         output: OutputArgs,
     },
+}
+
+/// Which point of a snapshot's journal `snapshots show` and `diff` read.
+#[derive(Args, Clone, Copy)]
+pub struct PointArgs {
+    /// The newest point of the journal at or before this time (RFC 3339); `latest` means the
+    /// newest snapshot captured at or before it. Default: the newest complete point.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<jiff::Timestamp>,
+    /// The snapshot alone: do not read its journal.
+    #[arg(long, conflicts_with = "at")]
+    pub no_journal: bool,
 }
 
 #[derive(Args)]

@@ -504,6 +504,66 @@ fn short_recipient(recipient: &str) -> String {
     }
 }
 
+/// `snapshots show`: the manifest and the point of its journal shown (JSON: the manifest's
+/// fields and `journalPoint`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShownSnapshot<'a> {
+    #[serde(flatten)]
+    pub manifest: &'a Manifest,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_point: Option<&'a restatus::store::Point>,
+}
+
+impl ShownSnapshot<'_> {
+    pub fn text(&self) -> String {
+        let mut out = manifest_text(self.manifest);
+        out += &point_text("Journal point", self.journal_point);
+        out
+    }
+}
+
+/// A point of a journal, as lines: base + N segments, time, verdict, gap, points passed over.
+pub fn point_text(title: &str, point: Option<&restatus::store::Point>) -> String {
+    let Some(p) = point else { return format!("\n{title}: none (the snapshot alone)\n") };
+    let verdict = if p.consistent { "consistent" } else { "inconsistent" };
+    let mut out = format!(
+        "\n{title}: base {} + {} of {} verified segments, at {} ({verdict})\n",
+        p.base, p.segments_applied, p.segments_verified, p.time
+    );
+    if let Some(gap) = &p.gap {
+        out += &format!("  gap: {gap}\n");
+    }
+    for passed in &p.passed_over {
+        out += &format!("  passed over: {passed}\n");
+    }
+    out
+}
+
+/// `snapshots diff` with the point of each side's journal.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PointDiff {
+    #[serde(flatten)]
+    pub diff: restatus::domain::compare::SnapshotDiff,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub a_point: Option<restatus::store::Point>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub b_point: Option<restatus::store::Point>,
+}
+
+impl PointDiff {
+    pub fn text(&self) -> String {
+        let mut out = diff_table(&self.diff);
+        for (side, point) in [("A", &self.a_point), ("B", &self.b_point)] {
+            if let Some(p) = point {
+                out += &point_text(&format!("{side} journal point"), Some(p));
+            }
+        }
+        out
+    }
+}
+
 /// `snapshots show` as text: the manifest's summary, per-kind counts, conflicts and skips.
 pub fn manifest_text(m: &Manifest) -> String {
     let mut out = String::new();

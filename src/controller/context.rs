@@ -13,8 +13,9 @@ use tracing::{info, warn};
 use super::index::SnapshotIndex;
 use super::metrics::Metrics;
 use crate::domain::identity::Profile;
+use crate::format::{Manifest, Records};
 use crate::k8s::Writer;
-use crate::store::{Accept, Loaded, SnapshotStore, choose_newer, choose_snapshot};
+use crate::store::{Accept, Loaded, SnapshotStore, Tail, choose_newer, choose_snapshot, read_on};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone)]
@@ -35,6 +36,9 @@ pub struct ControllerOptions {
     pub snapshot_timeout: Duration,
     /// How long to gather events into one batch.
     pub batch_window: Duration,
+    /// Restore to the newest complete consistent point of the base's journal, and read on at
+    /// each refresh; `false` (`--no-journal`): snapshots alone.
+    pub journal: bool,
 }
 
 /// Shared state: what the reconciler, the HTTP endpoints and the main loop see.
@@ -57,6 +61,19 @@ pub struct Context {
     unavailable: std::sync::Mutex<BTreeMap<String, String>>,
     /// What the reconciles wrote since the last summary Events (see `reconcile::summarize`).
     pub(super) summaries: std::sync::Mutex<Summaries>,
+    /// Where the journal of the snapshot in use was read to (with journals read), and the gap
+    /// last reported: the refresh reads on from there.
+    pub(super) journal: tokio::sync::Mutex<Journal>,
+    /// What `/readyz` says of the snapshot in use: its id, or the point of its journal.
+    in_use: std::sync::Mutex<Option<String>>,
+}
+
+/// The controller's position in the journal of the snapshot in use.
+#[derive(Debug, Default)]
+pub(super) struct Journal {
+    pub(super) tail: Option<Tail>,
+    /// The gap last logged, so that a gap that stays is logged once.
+    pub(super) gap: Option<String>,
 }
 
 /// The objects written per kind and snapshot since the last summary Events, and since when.
@@ -77,9 +94,8 @@ impl Context {
                     this_cluster: crate::k8s::cluster_uid(&self.client).await,
                     same_cluster: self.options.allow_same_cluster,
                     trusted: self.options.trusted_keys.clone(),
-                    // The controller restores from snapshots alone: reading journals is
-                    // not in it yet.
-                    ..Accept::default()
+                    journal: self.options.journal,
+                    at: None,
                 }
             })
             .await
@@ -98,7 +114,14 @@ impl Context {
             leading: AtomicBool::new(false),
             unavailable: Default::default(),
             summaries: Default::default(),
+            journal: Default::default(),
+            in_use: Default::default(),
         })
+    }
+
+    /// What `/readyz` says of the snapshot in use, if one is loaded.
+    pub fn in_use(&self) -> Option<String> {
+        self.in_use.lock().ok().and_then(|s| s.clone())
     }
 
     /// A standby is ready (it serves and waits for the lease; leadership is a metric); the
@@ -139,25 +162,41 @@ impl Context {
     }
 }
 
-/// Loads the newest good snapshot if it is not the one in use. True when it changed. The
-/// listing and the manifests are read first: the payload of the snapshot in use, or of an
-/// inconsistent one, is not downloaded again. A refresh that takes longer than
-/// `snapshot_timeout` (a store that stopped answering) is an error, counted and logged; the
-/// snapshot in use stays, and the next refresh tries again.
+/// Loads the newest good snapshot if it is not the one in use, or (journals read) the newer
+/// point of its journal. True when the records changed. The listing and the manifests are
+/// read first: the payload of the snapshot in use, or of an inconsistent one, is not
+/// downloaded again; on the same base only the segments written since the last refresh are
+/// read. A refresh that takes longer than `snapshot_timeout` (a store that stopped answering)
+/// is an error, counted and logged; the snapshot (and point) in use stays, and the next
+/// refresh tries again.
 pub(super) async fn refresh_snapshot(ctx: &Context) -> bool {
-    let current = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
-    let chosen = newer_snapshot(ctx, current.as_ref()).await;
+    let current = ctx.snapshot.read().await.clone();
+    let current_id = current.as_ref().map(|s| s.manifest.snapshot_id.clone());
+    let chosen = newer_snapshot(ctx, current_id.as_ref()).await;
     match chosen {
         Ok(Some(loaded)) => {
-            info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "using snapshot");
-            ctx.metrics.snapshot_timestamp.set(loaded.manifest.created_at.as_millisecond() as f64 / 1000.0);
-            *ctx.snapshot.write().await = Some(Arc::new(SnapshotIndex::new(loaded.manifest, loaded.records)));
+            let manifest = loaded.restore_manifest();
+            let point = loaded.point.as_ref();
+            info!(snapshot = %loaded.manifest.snapshot_id, records = loaded.records.len(),
+                signed_by = loaded.signer.as_ref().map(|k| k.as_str()),
+                segments = point.map(|p| p.segments_applied), at = %manifest.created_at, "using snapshot");
+            let mut journal = ctx.journal.lock().await;
+            journal.gap = point.and_then(|p| p.gap.clone());
+            if let Some(gap) = &journal.gap {
+                warn!(base = %loaded.manifest.snapshot_id, "journal: {gap}");
+            }
+            let describe = point.map_or_else(|| format!("snapshot {}", manifest.snapshot_id), |p| p.describe());
+            use_records(ctx, manifest, loaded.records, point.map_or(0, |p| p.segments_applied), describe).await;
+            journal.tail = loaded.tail;
             true
         }
-        Ok(None) => false,
+        Ok(None) => match current {
+            Some(current) if ctx.options.journal => read_on_journal(ctx, &current).await,
+            _ => false,
+        },
         Err(e) => {
             ctx.metrics.errors.inc();
-            match &current {
+            match &current_id {
                 Some(current) => {
                     warn!(error = %e, snapshot = %current, "snapshot refresh failed; keeping the snapshot in use")
                 }
@@ -166,6 +205,58 @@ pub(super) async fn refresh_snapshot(ctx: &Context) -> bool {
             false
         }
     }
+}
+
+/// Puts records (at the point `manifest` says) in use.
+async fn use_records(ctx: &Context, manifest: Manifest, records: Records, segments: u64, describe: String) {
+    ctx.metrics.snapshot_timestamp.set(manifest.created_at.as_millisecond() as f64 / 1000.0);
+    ctx.metrics.snapshot_segments.set(segments as i64);
+    if let Ok(mut in_use) = ctx.in_use.lock() {
+        *in_use = Some(describe);
+    }
+    *ctx.snapshot.write().await = Some(Arc::new(SnapshotIndex::new(manifest, records)));
+}
+
+/// The same base: reads the segments of its journal written since the point in use; a newer
+/// point replaces it. A gap keeps the point before it, logged once (until it changes).
+async fn read_on_journal(ctx: &Context, current: &SnapshotIndex) -> bool {
+    let mut journal = ctx.journal.lock().await;
+    let Some(tail) = journal.tail.clone() else { return false };
+    let accept = ctx.accept().await;
+    let timeout = ctx.options.snapshot_timeout;
+    let read = tokio::time::timeout(timeout, read_on(&ctx.store, &tail, &current.records, accept)).await;
+    let read = read.unwrap_or_else(|_| {
+        Err(Error::StoreTimeout {
+            location: ctx.store.location().to_string(),
+            what: "reading the journal on".into(),
+            after: timeout,
+        })
+    });
+    let read = match read {
+        Ok(read) => read,
+        Err(e) => {
+            ctx.metrics.errors.inc();
+            warn!(error = %e, point = %tail.point.describe(), "journal refresh failed; keeping the point in use");
+            return false;
+        }
+    };
+    if read.gap != journal.gap {
+        match &read.gap {
+            Some(gap) => warn!(base = %tail.base.snapshot_id, "journal: {gap}"),
+            None => info!(base = %tail.base.snapshot_id, "journal: the chain goes on past the gap"),
+        }
+        journal.gap = read.gap.clone();
+    }
+    let Some((records, newer)) = read.newer else { return false };
+    let point = &newer.point;
+    for passed in &point.passed_over {
+        warn!(base = %point.base, "journal point passed over: {passed}");
+    }
+    info!(snapshot = %point.base, segments = point.segments_applied, at = %point.time, records = records.len(),
+        "journal point advanced; using it");
+    use_records(ctx, point.manifest(&newer.base), records, point.segments_applied, point.describe()).await;
+    journal.tail = Some(newer);
+    true
 }
 
 /// The snapshot to use instead of `current` (any, when `None`), read within `snapshot_timeout`.

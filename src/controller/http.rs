@@ -12,6 +12,9 @@ use crate::{Error, Result};
 /// `/readyz`: ready or not, then one line per kind that cannot be watched.
 fn readyz(ctx: &Context) -> (axum::http::StatusCode, String) {
     let mut body = if ctx.is_ready() { "ready\n".to_string() } else { "not ready\n".to_string() };
+    if let Some(in_use) = ctx.in_use() {
+        body += &format!("restoring to {in_use}\n");
+    }
     for (kind, reason) in ctx.unavailable_kinds() {
         body += &format!("kind {kind} skipped: {reason}\n");
     }

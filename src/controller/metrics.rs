@@ -24,6 +24,8 @@ pub struct Metrics {
     pub decisions: Family<VerdictLabel, Counter>,
     pub errors: Counter,
     pub snapshot_timestamp: Gauge<f64, AtomicU64>,
+    /// Journal segments applied on top of the snapshot in use (0: the snapshot alone).
+    pub snapshot_segments: Gauge,
     pub restore_latency: Histogram,
     pub leader: Gauge,
     /// Objects carrying restatus's own `ignore` now.
@@ -52,8 +54,14 @@ impl Default for Metrics {
         let snapshot_timestamp = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "snapshot_timestamp_seconds",
-            "Capture time of the snapshot in use (Unix seconds)",
+            "Point in time the controller restores to (Unix seconds): the snapshot's capture, or the last journal segment applied",
             snapshot_timestamp.clone(),
+        );
+        let snapshot_segments = Gauge::default();
+        registry.register(
+            "snapshot_journal_segments",
+            "Journal segments applied on top of the snapshot in use (0: the snapshot alone)",
+            snapshot_segments.clone(),
         );
         let restore_latency = Histogram::new(exponential_buckets(0.01, 2.0, 12));
         registry.register(
@@ -80,6 +88,7 @@ impl Default for Metrics {
             decisions,
             errors,
             snapshot_timestamp,
+            snapshot_segments,
             restore_latency,
             leader,
             quiesced,

@@ -439,6 +439,7 @@ mod tests {
             snapshot_refresh: Duration::from_secs(60),
             snapshot_timeout,
             batch_window: Duration::from_millis(10),
+            journal: true,
         };
         Context::new(client, store, options)
     }
@@ -651,5 +652,83 @@ mod tests {
         let kept = ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone());
         assert_eq!(kept, Some(in_use), "the snapshot in use is kept");
         held.abort();
+    }
+
+    fn server(name: &str, state: &str) -> crate::format::Record {
+        fixtures::record("Server", name, &[uuid(name)], serde_json::json!({"state": state}))
+    }
+
+    fn states(index: &SnapshotIndex) -> Vec<String> {
+        (0..index.records.len())
+            .map(|i| {
+                let r = index.records.record(i).unwrap();
+                format!("{}={}", r.name, r.status.get())
+            })
+            .collect()
+    }
+
+    /// F105, F106: the refresh reads the journal of the snapshot in use on. The first load goes
+    /// to the newest point (the manifest planned with carries the point's time); a refresh with
+    /// nothing new changes nothing; a new segment advances the point (records, the timestamp
+    /// gauge, the segments gauge, what /readyz says); a missing segment keeps the point before
+    /// it and the gap is remembered (logged once); once the segment is back the point moves
+    /// past it. With journals off, the snapshot alone.
+    #[tokio::test]
+    async fn the_refresh_reads_the_journal_on_and_keeps_the_point_before_a_gap() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let base = fixtures::write_snapshot(&store, "2026-11-30T09:00:00Z", &[server("a", "Available")], true).await;
+        fixtures::append_segment(&store, &base, &[server("a", "Reserved")], 5, true).await;
+        let ctx = context_on(store.clone(), Duration::from_secs(120));
+        let in_use = |ctx: &Arc<Context>| {
+            let ctx = ctx.clone();
+            async move { ctx.snapshot.read().await.clone().unwrap() }
+        };
+        assert!(refresh_snapshot(&ctx).await);
+        let index = in_use(&ctx).await;
+        assert_eq!(states(&index), [r#"a={"state":"Reserved"}"#]);
+        assert_eq!(index.manifest.created_at, fixtures::ts("2026-11-30T09:00:05Z"), "the point's time");
+        assert_eq!(index.manifest.snapshot_id, base.snapshot_id);
+        assert_eq!(ctx.metrics.snapshot_segments.get(), 1);
+        assert!(!refresh_snapshot(&ctx).await, "nothing new");
+
+        fixtures::append_segment(&store, &base, &[server("b", "Initial")], 5, true).await;
+        assert!(refresh_snapshot(&ctx).await, "a new segment");
+        let index = in_use(&ctx).await;
+        assert_eq!(states(&index), [r#"a={"state":"Reserved"}"#, r#"b={"state":"Initial"}"#]);
+        assert_eq!(ctx.metrics.snapshot_segments.get(), 2);
+        let expected = fixtures::ts("2026-11-30T09:00:10Z").as_millisecond() as f64 / 1000.0;
+        assert_eq!(ctx.metrics.snapshot_timestamp.get(), expected);
+        let said = ctx.in_use().unwrap();
+        assert!(said.contains("+ 2 journal segments, at 2026-11-30T09:00:10Z"), "{said}");
+
+        // Segment 3 missing while 4 is there: the point stays at 2, the gap is known.
+        fixtures::append_segment(&store, &base, &[server("a", "Tainted")], 5, true).await;
+        fixtures::append_segment(&store, &base, &[server("a", "Error")], 5, true).await;
+        let three = store.segment_object_path(&base.snapshot_id, 3, crate::format::SEGMENT_HEADER_SUFFIX);
+        let objects = store.object_store().clone();
+        let header = object_store::ObjectStoreExt::get(objects.as_ref(), &three).await.unwrap().bytes().await.unwrap();
+        object_store::ObjectStoreExt::delete(objects.as_ref(), &three).await.unwrap();
+        assert!(!refresh_snapshot(&ctx).await, "the point stays before the gap");
+        assert_eq!(ctx.metrics.snapshot_segments.get(), 2);
+        let gap = ctx.journal.lock().await.gap.clone().unwrap();
+        assert!(gap.starts_with(&format!("segment 3 of base {}: is missing", base.snapshot_id)), "{gap}");
+        assert_eq!(ctx.metrics.errors.get(), 0, "a gap is no error");
+        object_store::ObjectStoreExt::put(objects.as_ref(), &three, header.into()).await.unwrap();
+        assert!(refresh_snapshot(&ctx).await, "past the gap");
+        assert_eq!(states(&*in_use(&ctx).await), [r#"a={"state":"Error"}"#, r#"b={"state":"Initial"}"#]);
+        assert_eq!(ctx.metrics.snapshot_segments.get(), 4);
+        assert!(ctx.journal.lock().await.gap.is_none());
+
+        // --no-journal: the snapshot alone.
+        // No API server answers (the handle is dropped): the cluster's identity is unknown.
+        let (client, api) = fixtures::api::client();
+        drop(api);
+        let options = ControllerOptions { journal: false, ..ctx.options.clone() };
+        let alone = Context::new(client, store, options);
+        assert!(refresh_snapshot(&alone).await);
+        let index = in_use(&alone).await;
+        assert_eq!(states(&index), [r#"a={"state":"Available"}"#]);
+        assert_eq!(index.manifest.created_at, base.created_at);
+        assert_eq!(alone.metrics.snapshot_segments.get(), 0);
     }
 }

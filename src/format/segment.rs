@@ -20,8 +20,8 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::{
-    Consistency, Encryption, FormatVersion, KeyId, Manifest, PayloadInfo, PayloadSummary, Record, Records, SnapshotId,
-    decode_records,
+    CaptureSummary, Consistency, Encryption, FormatVersion, KeyId, KindCount, Manifest, PayloadInfo, PayloadSummary,
+    Record, Records, SnapshotId, decode_records,
 };
 use crate::Error;
 
@@ -450,6 +450,53 @@ pub fn point(base: &Records, links: &[Link]) -> Result<Vec<Record>, Error> {
     Ok(out)
 }
 
+/// A chain folded into a new base (compaction): what a full snapshot of the point holds.
+#[derive(Debug)]
+pub struct Folded {
+    /// The records at the point: the base's with every segment applied ([`point`]).
+    pub records: Vec<Record>,
+    /// The point's time: the last segment's `to`, the new snapshot's capture time.
+    pub created_at: Timestamp,
+    /// The new manifest's capture summary: the base's kinds with their records counted again
+    /// (a kind that appeared in a segment added), the base's skips and key conflicts (what its
+    /// capture could not see), and the last segment's consistency verdict.
+    pub capture: CaptureSummary,
+}
+
+/// Folds `links` (the whole verified chain, in order) onto the base `manifest` with `records`.
+/// `None` when there is nothing to fold (no segment).
+pub fn fold(manifest: &Manifest, records: &Records, links: &[Link]) -> Result<Option<Folded>, Error> {
+    let Some(last) = links.last() else { return Ok(None) };
+    let merged = point(records, links)?;
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for record in &merged {
+        *counts.entry((record.api_version.clone(), record.kind.clone())).or_default() += 1;
+    }
+    let mut kinds: Vec<KindCount> = manifest
+        .kinds
+        .iter()
+        .map(|k| KindCount {
+            records: counts.remove(&(k.api_version.clone(), k.kind.clone())).unwrap_or(0),
+            ..k.clone()
+        })
+        .collect();
+    kinds.extend(counts.into_iter().map(|((api_version, kind), records)| KindCount {
+        api_version,
+        kind,
+        records,
+        skipped: 0,
+    }));
+    let consistency = last.header.consistency.clone().unwrap_or(Consistency {
+        consistent: true,
+        attempts: 1,
+        reasons: vec![],
+        reason_count: 0,
+    });
+    let capture =
+        CaptureSummary { kinds, skipped: manifest.skipped.clone(), conflicts: manifest.conflicts.clone(), consistency };
+    Ok(Some(Folded { records: merged, created_at: last.header.to, capture }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,6 +614,34 @@ mod tests {
             [r#"s1={"state":"Reserved"}"#, r#"s2={"state":"Available"}"#]
         );
         assert_eq!(states(&point(&records, &[]).unwrap()).len(), 2, "no segment: the base as it is");
+    }
+
+    /// The fold (compaction): base + chain as one snapshot's records, its time the last
+    /// segment's `to`, its verdict the last segment's, its kinds counted again.
+    #[test]
+    fn a_chain_folds_into_the_records_at_its_point_with_the_last_verdict() {
+        let base = base_id();
+        let (one, two, three) = three(&base);
+        let mut chain = chain_of(&base, &[(1, &one), (2, &two), (3, &three)]);
+        let records = Records::from_records(vec![server("s1", "Available"), server("s2", "Available")]);
+        let mut manifest = crate::fixtures::manifest(base.clone(), ts(BASE_TIME));
+        manifest.kinds = vec![KindCount {
+            api_version: "metal.ironcore.dev/v1alpha1".into(),
+            kind: "Server".into(),
+            records: 2,
+            skipped: 1,
+        }];
+        assert!(fold(&manifest, &records, &[]).unwrap().is_none(), "no segment, nothing to fold");
+        let folded = fold(&manifest, &records, &chain.links).unwrap().unwrap();
+        assert_eq!(states(&folded.records), states(&point(&records, &chain.links).unwrap()));
+        assert_eq!(states(&folded.records), [r#"s1={"state":"Reserved"}"#, r#"s3={"state":"Available"}"#]);
+        assert_eq!(folded.created_at, chain.links[2].header.to);
+        assert_eq!(folded.capture.kinds.len(), 1);
+        assert_eq!((folded.capture.kinds[0].records, folded.capture.kinds[0].skipped), (2, 1));
+        assert!(folded.capture.consistency.consistent, "no verdict in the header: consistent");
+        let inconsistent = Consistency { consistent: false, attempts: 1, reasons: vec![], reason_count: 1 };
+        chain.links[2].header.consistency = Some(inconsistent.clone());
+        assert_eq!(fold(&manifest, &records, &chain.links).unwrap().unwrap().capture.consistency, inconsistent);
     }
 
     #[test]

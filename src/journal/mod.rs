@@ -26,7 +26,7 @@ use tracing::{debug, error, info, warn};
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::object::RawObject;
 use crate::format::{
-    Manifest, PayloadEncoder, Recipients, SegmentHeader, SigningKey, SnapshotId, TrustedKeys, sha256_hex,
+    Manifest, PayloadEncoder, Recipients, Records, SegmentHeader, SigningKey, SnapshotId, TrustedKeys, sha256_hex,
 };
 use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 use crate::store::{Accept, SnapshotStore, choose_snapshot};
@@ -58,7 +58,14 @@ pub struct JournalOptions {
     pub chain_keys: Option<Arc<TrustedKeys>>,
     /// Where the run reports what it does (`--metrics-addr` serves them); `None`: its own.
     pub metrics: Option<Arc<JournalMetrics>>,
+    /// A chain this long is folded into a new base snapshot (compaction), on which a new
+    /// chain starts: a restore never reads more segments than this (and a last one or two
+    /// written while the journal moves to the new base).
+    pub max_segments: u64,
 }
+
+/// The default `--max-segments`: an hour of segments at the default 5 s interval.
+pub const DEFAULT_MAX_SEGMENTS: u64 = 720;
 
 impl JournalOptions {
     pub fn new(profile: Profile) -> Self {
@@ -74,6 +81,7 @@ impl JournalOptions {
             trusted: None,
             chain_keys: None,
             metrics: None,
+            max_segments: DEFAULT_MAX_SEGMENTS,
         }
     }
 
@@ -136,6 +144,8 @@ pub async fn run(
     let mut base_tick = tokio::time::interval(opts.base_refresh);
     base_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     base_tick.tick().await;
+    // The base whose chain was folded last: folded once, whatever happens next.
+    let mut folded: Option<SnapshotId> = None;
     loop {
         tokio::select! {
             _ = &mut stop => break,
@@ -154,6 +164,13 @@ pub async fn run(
                 if state.all_listed(&kinds) {
                     summary.segments += write_segment(store, opts, &metrics, &mut chain, &mut state).await;
                     report(&metrics, &chain, &mut state, &kinds);
+                }
+                let due = chain.next > opts.max_segments && chain.broken.is_none();
+                if due && folded.as_ref() != Some(&chain.base.snapshot_id) && compact(store, opts, &chain).await
+                {
+                    // The new base is taken up as any newer snapshot is, now.
+                    folded = Some(chain.base.snapshot_id.clone());
+                    base_tick.reset_immediately();
                 }
             }
             _ = base_tick.tick() => {
@@ -432,4 +449,133 @@ async fn put(store: &SnapshotStore, opts: &JournalOptions, chain: &mut Chain, cu
     chain.next += 1;
     chain.point = to;
     Ok((size + stored.len()) as u64)
+}
+
+/// Compaction: the chain, `max_segments` long, folded into a new base snapshot (see
+/// [`crate::format::fold`]): the base's records read back from the store with every segment
+/// of its chain applied, written as any snapshot is (payload first, manifest last,
+/// create-only; signed and encrypted with the journal's keys) with the point's time as its
+/// capture time, the last segment's verdict, and the base's `capturedFrom`. True when written
+/// (the loop then moves to it as to any newer snapshot); a failure is logged and the chain
+/// goes on (the next cut tries again).
+async fn compact(store: &SnapshotStore, opts: &JournalOptions, chain: &Chain) -> bool {
+    let base = &chain.base;
+    match fold(store, opts, base).await {
+        Ok(Some(manifest)) => {
+            info!(base = %base.snapshot_id, new_base = %manifest.snapshot_id, segments = chain.next - 1,
+                records = manifest.payload.records, at = %manifest.created_at,
+                "journal chain folded into a new base snapshot");
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            warn!(base = %base.snapshot_id, error = %e, "cannot fold the journal chain into a new base; the chain goes on");
+            false
+        }
+    }
+}
+
+async fn fold(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest) -> Result<Option<Manifest>> {
+    let records = Records::decode(base, store.fetch_payload(base).await?)?;
+    let read = store.read_chain(&base.snapshot_id, base.created_at, opts.chain_keys.as_deref()).await?;
+    if let Some(stop) = read.stop_message(base.created_at) {
+        return Err(Error::io("fold the journal", std::io::Error::other(stop)));
+    }
+    let Some(folded) = crate::format::fold(base, &records, &read.links)? else { return Ok(None) };
+    drop(records);
+    let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, opts.recipients.as_deref(), &folded.records)
+        .map_err(|e| Error::io("encode a folded base", e))?;
+    let id = SnapshotId::new(folded.created_at);
+    let mut manifest =
+        Manifest::new(store.cluster_id(), id.clone(), folded.created_at, &base.profile, folded.capture, payload);
+    manifest.captured_from = base.captured_from.clone();
+    store.finish_snapshot(store.payload_writer(&id), &bytes, &mut manifest, opts.signing_key.as_deref()).await?;
+    Ok(Some(manifest))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::{append_segment, record, ts, uuid, write_snapshot};
+    use crate::format::{Record, tombstone};
+    use crate::store::{Accept, choose_snapshot};
+
+    fn server(name: &str, state: &str) -> Record {
+        record("Server", name, &[uuid(name)], json!({"state": state}))
+    }
+
+    fn states(records: &Records) -> Vec<String> {
+        (0..records.len())
+            .map(|i| {
+                let r = records.record(i).unwrap();
+                format!("{}={}", r.name, r.status.get())
+            })
+            .collect()
+    }
+
+    /// Compaction on a store: the folded base is a snapshot like any other (signed with the
+    /// journal's key, verified by a restore trusting it) holding base + chain, dated at the
+    /// last segment's `to` with its verdict; a restore uses it alone, with the same records as
+    /// the old base at its chain's point. F107: a fold that dies after its payload and before
+    /// its manifest leaves a folder that does not exist for readers: a restore goes to the old
+    /// base's point as before, nothing wrong looks complete.
+    #[tokio::test]
+    async fn a_chain_folds_into_a_signed_snapshot_and_a_fold_without_manifest_is_not_there() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let mut base_records = vec![server("a", "Available"), server("b", "Available")];
+        let base = write_snapshot(&store, "2026-11-30T09:00:00Z", &base_records, true).await;
+        append_segment(&store, &base, &[server("a", "Reserved")], 5, true).await;
+        append_segment(&store, &base, &[tombstone(&server("b", "x")), server("c", "Initial")], 5, false).await;
+        base_records.clear();
+        let key = Arc::new(SigningKey::generate());
+        let opts = JournalOptions {
+            signing_key: Some(key.clone()),
+            ..JournalOptions::new(crate::domain::identity::Profile::metal_operator())
+        };
+        let folded = fold(&store, &opts, &base).await.unwrap().unwrap();
+        assert_ne!(folded.snapshot_id, base.snapshot_id);
+        assert_eq!(folded.created_at, ts("2026-11-30T09:00:10Z"));
+        assert!(!folded.is_consistent(), "the last segment's verdict");
+        assert_eq!(folded.signed_by.as_ref(), Some(key.id()));
+
+        let trusting = Accept {
+            inconsistent: true,
+            journal: true,
+            trusted: Some(Arc::new(TrustedKeys::new([key.public_key()]))),
+            ..Accept::default()
+        };
+        let loaded = choose_snapshot(&store, None, &trusting).await.unwrap();
+        assert_eq!(loaded.manifest.snapshot_id, folded.snapshot_id);
+        assert!(loaded.point.is_none(), "a new base, no chain yet");
+        assert_eq!(states(&loaded.records), [r#"a={"state":"Reserved"}"#, r#"c={"state":"Initial"}"#]);
+
+        // Interrupted between payload and manifest: the manifest (and its signature) gone.
+        for path in [store.manifest_path(&folded.snapshot_id), store.signature_path(&folded.snapshot_id)] {
+            object_store::ObjectStoreExt::delete(store.object_store().as_ref(), &path).await.unwrap();
+        }
+        let plain = Accept { inconsistent: true, journal: true, ..Accept::default() };
+        let loaded = choose_snapshot(&store, None, &plain).await.unwrap();
+        assert_eq!(loaded.manifest.snapshot_id, base.snapshot_id, "the old base, at its point");
+        assert_eq!(loaded.point.unwrap().segments_applied, 2);
+        assert_eq!(states(&loaded.records), [r#"a={"state":"Reserved"}"#, r#"c={"state":"Initial"}"#]);
+        assert!(!store.list().await.unwrap().iter().any(|e| e.id == folded.snapshot_id && e.complete));
+    }
+
+    /// F108: a chain with a gap is not folded (the fold would carry the records before the gap
+    /// only, under a new name): the fold refuses, naming the gap.
+    #[tokio::test]
+    async fn a_chain_with_a_gap_is_not_folded() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let base = write_snapshot(&store, "2026-11-30T09:00:00Z", &[server("a", "Available")], true).await;
+        append_segment(&store, &base, &[server("a", "Reserved")], 5, true).await;
+        append_segment(&store, &base, &[server("a", "Tainted")], 5, true).await;
+        let one = store.segment_object_path(&base.snapshot_id, 1, crate::format::SEGMENT_HEADER_SUFFIX);
+        object_store::ObjectStoreExt::delete(store.object_store().as_ref(), &one).await.unwrap();
+        let opts = JournalOptions::new(crate::domain::identity::Profile::metal_operator());
+        let err = fold(&store, &opts, &base).await.unwrap_err().to_string();
+        assert!(err.contains("segment 1 of base") && err.contains("missing"), "{err}");
+        assert_eq!(store.list().await.unwrap().len(), 1, "nothing written");
+    }
 }

@@ -196,15 +196,7 @@ async fn restore(
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
     // At a point of the journal, statuses written after that point moved on (not after the
     // base's capture), and the verdict is the point's.
-    let at_point = loaded.point.as_ref().map(|point| {
-        let mut manifest = loaded.manifest.clone();
-        manifest.created_at = point.time;
-        if let Some(consistency) = &mut manifest.consistency {
-            consistency.consistent = point.consistent;
-        }
-        manifest
-    });
-    let manifest = at_point.as_ref().unwrap_or(&loaded.manifest);
+    let manifest = &loaded.restore_manifest();
     if let Some(point) = &loaded.point
         && let Some(gap) = &point.gap
     {

@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::format::{KeyId, Manifest, Records, SnapshotId, TrustedKeys, choose_point};
+use crate::format::{Chain, KeyId, Manifest, Records, SnapshotId, TrustedKeys, choose_point};
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
 
@@ -32,6 +32,20 @@ pub struct Loaded {
     /// With [`Accept::journal`]: the point of the base's journal the records are at (`None`:
     /// the base has no journal, its records are the snapshot's).
     pub point: Option<Point>,
+    /// With [`Accept::journal`]: where the journal was read to, to read on from there
+    /// ([`read_on`]).
+    pub tail: Option<Tail>,
+}
+
+impl Loaded {
+    /// The manifest a restore plans with: the base's, or at a point of its journal
+    /// [`Point::manifest`].
+    pub fn restore_manifest(&self) -> Manifest {
+        match &self.point {
+            Some(point) => point.manifest(&self.manifest),
+            None => self.manifest.clone(),
+        }
+    }
 }
 
 /// The point of a journal a restore goes to: a base and the segments applied to it.
@@ -54,6 +68,97 @@ pub struct Point {
     pub passed_over: Vec<String>,
     /// The consistency verdict at this point (the base's, or the last segment's).
     pub consistent: bool,
+}
+
+impl Point {
+    /// The manifest a restore plans with at this point: the base's, with the point's time as
+    /// its capture time (a live status written after the point moved on, not one written after
+    /// the base's capture) and the point's consistency verdict. The one-shot restore and the
+    /// controller both plan with it.
+    pub fn manifest(&self, base: &Manifest) -> Manifest {
+        let mut manifest = base.clone();
+        manifest.created_at = self.time;
+        if let Some(consistency) = &mut manifest.consistency {
+            consistency.consistent = self.consistent;
+        }
+        manifest
+    }
+
+    /// "base X + 3 segments at T", for logs and reports.
+    pub fn describe(&self) -> String {
+        match self.segments_applied {
+            0 => format!("snapshot {} (no journal segment applied), at {}", self.base, self.time),
+            1 => format!("snapshot {} + 1 journal segment, at {}", self.base, self.time),
+            n => format!("snapshot {} + {n} journal segments, at {}", self.base, self.time),
+        }
+    }
+}
+
+/// Where a base's journal was read to, to read on from there: the base's manifest, the last
+/// segment applied (its header and hash; its records are in the point's records already) and
+/// the point.
+#[derive(Debug, Clone)]
+pub struct Tail {
+    pub base: Manifest,
+    /// The chain up to the point, holding only its last link (none at the base), records dropped.
+    chain: Chain,
+    /// The point the records are at.
+    pub point: Point,
+}
+
+impl Tail {
+    fn new(base: &Manifest, mut chain: Chain, applied: usize, point: Point) -> Tail {
+        chain.links.truncate(applied);
+        let last = chain.links.pop().map(|mut link| {
+            link.records = vec![];
+            link
+        });
+        chain.links = last.into_iter().collect();
+        chain.stop = None;
+        Tail { base: base.clone(), chain, point }
+    }
+}
+
+/// What reading on from a [`Tail`] found.
+#[derive(Debug)]
+pub struct ReadOn {
+    /// A newer point (its records, its tail), `None` when the point stays where it is.
+    pub newer: Option<(Records, Tail)>,
+    /// Where the chain stops before its end, and why (the point stays before it).
+    pub gap: Option<String>,
+}
+
+/// Reads the segments written after `tail` (only those: the chain read so far is not read
+/// again) and, when a newer point qualifies (as in [`choose_snapshot`]: the newest consistent
+/// one, any with `accept.inconsistent`), the records at it: `records` (those at the tail's
+/// point) with the new segments merged. Nothing is downloaded but the new segments.
+pub async fn read_on(store: &SnapshotStore, tail: &Tail, records: &Records, accept: &Accept) -> Result<ReadOn> {
+    let base = &tail.base;
+    let known = tail.chain.links.len();
+    let chain = store.read_chain_from(tail.chain.clone(), base.created_at, accept.trusted.as_deref()).await?;
+    let gap = chain.stop_message(base.created_at);
+    let new = &chain.links[known..];
+    let choice = choose_point(new, None, tail.point.consistent, accept.inconsistent);
+    let Some(choice) = choice.filter(|c| c.applied > 0) else { return Ok(ReadOn { newer: None, gap }) };
+    let applied = &new[..choice.applied];
+    let last = &applied[applied.len() - 1].header;
+    let passed_over: Vec<String> = choice
+        .passed_over
+        .iter()
+        .map(|(seq, summary)| format!("segment {seq}: the fleet was inconsistent then ({summary})"))
+        .collect();
+    let point = Point {
+        base: base.snapshot_id.to_string(),
+        segments_applied: tail.point.segments_applied + choice.applied as u64,
+        segments_verified: tail.point.segments_applied + new.len() as u64,
+        time: last.to,
+        gap: gap.clone(),
+        passed_over,
+        consistent: last.consistency.as_ref().is_none_or(|c| c.consistent),
+    };
+    let merged = Records::from_records(crate::format::point(records, applied)?);
+    let applied_in_chain = known + choice.applied;
+    Ok(ReadOn { newer: Some((merged, Tail::new(base, chain, applied_in_chain, point))), gap })
 }
 
 /// Which snapshots a restore accepts besides complete, verified ones.
@@ -125,18 +230,15 @@ async fn choose(
         if let Some(refused) = accept.refuses(&manifest) {
             return Err(refused);
         }
-        // An inconsistent base without a journal is refused before its payload is downloaded,
-        // as before journals.
-        let refused_alone = !manifest.is_consistent() && !accept.inconsistent;
-        if accept.journal && refused_alone && !store.list_segments(&id).await?.iter().any(|s| s.header) {
-            return Err(Error::Inconsistent { snapshot: id.to_string(), reason: inconsistent(&manifest) });
-        }
-        let records = Records::decode(&manifest, store.fetch_payload(&manifest).await?)?;
         if !accept.journal {
-            return Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![], signer, point: None });
+            let records = Records::decode(&manifest, store.fetch_payload(&manifest).await?)?;
+            return Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![], signer, point: None, tail: None });
         }
-        let (records, point) = at_point(store, &manifest, records, accept).await?;
-        Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![], signer, point })
+        // The chain first: a base no point of which qualifies (an inconsistent base without
+        // a journal, as before journals, or whose every point is inconsistent) is refused
+        // before its payload is downloaded (the controller asks at every refresh).
+        let (records, point, tail) = at_point(store, &manifest, accept).await?;
+        Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![], signer, point, tail: Some(tail) })
     };
     if let Some(id) = pinned {
         return load(id.clone()).await.map(Some);
@@ -195,9 +297,27 @@ async fn choose(
 async fn at_point(
     store: &SnapshotStore,
     manifest: &Manifest,
-    records: Records,
     accept: &Accept,
-) -> Result<(Records, Option<Point>)> {
+) -> Result<(Records, Option<Point>, Tail)> {
+    let (chain, point) = chain_point(store, manifest, accept).await?;
+    let records = Records::decode(manifest, store.fetch_payload(manifest).await?)?;
+    let applied = &chain.links[..point.segments_applied as usize];
+    let records = match applied.is_empty() {
+        true => records,
+        false => Records::from_records(crate::format::point(&records, applied)?),
+    };
+    let no_journal = chain.links.is_empty() && point.gap.is_none();
+    let tail = Tail::new(manifest, chain, point.segments_applied as usize, point.clone());
+    if no_journal {
+        return Ok((records, None, tail));
+    }
+    info!(base = %manifest.snapshot_id, segments = point.segments_applied, at = %point.time, "restoring to a point of the journal");
+    Ok((records, Some(point), tail))
+}
+
+/// The base's chain, read and verified, and the point of it `accept` goes to (see
+/// [`at_point`]).
+async fn chain_point(store: &SnapshotStore, manifest: &Manifest, accept: &Accept) -> Result<(Chain, Point)> {
     let id = &manifest.snapshot_id;
     let chain = store.read_chain(id, manifest.created_at, accept.trusted.as_deref()).await?;
     let gap = chain.stop_message(manifest.created_at);
@@ -208,9 +328,6 @@ async fn at_point(
         };
         return Err(Error::Inconsistent { snapshot: id.to_string(), reason });
     };
-    if chain.links.is_empty() && gap.is_none() {
-        return Ok((records, None));
-    }
     let applied = &chain.links[..choice.applied];
     let (time, consistent) = match applied.last() {
         Some(link) => (link.header.to, link.header.consistency.as_ref().is_none_or(|c| c.consistent)),
@@ -233,11 +350,47 @@ async fn at_point(
         passed_over,
         consistent,
     };
-    info!(base = %id, segments = point.segments_applied, at = %point.time, "restoring to a point of the journal");
-    if applied.is_empty() {
-        return Ok((records, Some(point)));
+    Ok((chain, point))
+}
+
+/// A snapshot as `snapshots show` and `snapshots diff` see it: with `at`, its journal's newest
+/// complete point at or before `at` (any time: the newest complete point), whatever the
+/// fleet's verdict there (the point says it); without a journal (or `journal` false), the
+/// snapshot alone (no point). `records` false: the manifest and the point only, the base's
+/// payload is not downloaded (the records are empty).
+pub async fn snapshot_at(
+    store: &SnapshotStore,
+    id: &SnapshotId,
+    trusted: Option<&TrustedKeys>,
+    journal: bool,
+    at: Option<Timestamp>,
+    records: bool,
+) -> Result<(Manifest, Records, Option<Point>)> {
+    let (manifest, _) = store.verified_manifest(id, trusted).await?;
+    let base = match records {
+        true => Records::decode(&manifest, store.fetch_payload(&manifest).await?)?,
+        false => Records::from_records(vec![]),
+    };
+    if !journal {
+        return Ok((manifest, base, None));
     }
-    Ok((Records::from_records(crate::format::point(&records, applied)?), Some(point)))
+    let accept = Accept {
+        inconsistent: true,
+        trusted: trusted.map(|t| Arc::new(t.clone())),
+        journal: true,
+        at,
+        ..Accept::default()
+    };
+    let (chain, point) = chain_point(store, &manifest, &accept).await?;
+    if chain.links.is_empty() && point.gap.is_none() {
+        return Ok((manifest, base, None));
+    }
+    let applied = &chain.links[..point.segments_applied as usize];
+    let merged = match records && !applied.is_empty() {
+        true => Records::from_records(crate::format::point(&base, applied)?),
+        false => base,
+    };
+    Ok((manifest, merged, Some(point)))
 }
 
 fn inconsistent(manifest: &Manifest) -> String {
@@ -307,6 +460,57 @@ mod tests {
         let loaded = choose_snapshot(&store, None, &Accept::default()).await.unwrap();
         assert_eq!(states(&loaded).len(), 2);
         assert!(loaded.point.is_none());
+    }
+
+    /// The controller's refresh: only the segments written since are read; the point moves on
+    /// to the newest consistent one; nothing new, no newer point; a missing segment keeps the
+    /// point before it and names the gap.
+    #[tokio::test]
+    async fn reading_on_from_a_tail_reads_the_new_segments_only_and_stops_at_a_gap() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let base =
+            write_snapshot(&store, "2026-11-30T09:00:00Z", &[server("a", "Available"), server("b", "Available")], true)
+                .await;
+        append_segment(&store, &base, &[server("a", "Reserved")], 5, true).await;
+        let loaded = choose_snapshot(&store, None, &journal()).await.unwrap();
+        let tail = loaded.tail.clone().unwrap();
+        assert_eq!(tail.point.segments_applied, 1);
+        let nothing = read_on(&store, &tail, &loaded.records, &journal()).await.unwrap();
+        assert!(nothing.newer.is_none() && nothing.gap.is_none(), "{nothing:?}");
+
+        // Segment 1 damaged now: it is not read again (a full read would stop before it).
+        let one = store.segment_object_path(&base.snapshot_id, 1, crate::format::SEGMENT_PAYLOAD_SUFFIX);
+        append_segment(&store, &base, &[server("b", "Binding")], 5, false).await;
+        append_segment(&store, &base, &[server("b", "Reserved"), server("c", "Initial")], 5, true).await;
+        let original = object_store::ObjectStoreExt::get(store.object_store().as_ref(), &one).await.unwrap();
+        let original = original.bytes().await.unwrap();
+        object_store::ObjectStoreExt::put(store.object_store().as_ref(), &one, bytes::Bytes::from_static(b"x").into())
+            .await
+            .unwrap();
+        let read = read_on(&store, &tail, &loaded.records, &journal()).await.unwrap();
+        let (records, newer) = read.newer.unwrap();
+        assert_eq!(
+            (newer.point.segments_applied, newer.point.segments_verified, newer.point.time),
+            (3, 3, ts("2026-11-30T09:00:15Z"))
+        );
+        assert_eq!(newer.point.passed_over.len(), 0, "segment 2 is behind the point, not passed over");
+        let loaded_at = Loaded { records, point: Some(newer.point.clone()), tail: None, ..loaded };
+        assert_eq!(
+            states(&loaded_at),
+            [r#"a={"state":"Reserved"}"#, r#"b={"state":"Reserved"}"#, r#"c={"state":"Initial"}"#]
+        );
+        assert_eq!(loaded_at.restore_manifest().created_at, ts("2026-11-30T09:00:15Z"), "the point's time");
+
+        // Segment 4 missing (5 there): the point stays at 3, the gap named.
+        object_store::ObjectStoreExt::put(store.object_store().as_ref(), &one, original.into()).await.unwrap();
+        append_segment(&store, &base, &[server("a", "Tainted")], 5, true).await;
+        append_segment(&store, &base, &[server("a", "Error")], 5, true).await;
+        let four = store.segment_object_path(&base.snapshot_id, 4, crate::format::SEGMENT_HEADER_SUFFIX);
+        object_store::ObjectStoreExt::delete(store.object_store().as_ref(), &four).await.unwrap();
+        let read = read_on(&store, &newer, &loaded_at.records, &journal()).await.unwrap();
+        assert!(read.newer.is_none());
+        let gap = read.gap.unwrap();
+        assert!(gap.starts_with(&format!("segment 4 of base {}: is missing", base.snapshot_id)), "{gap}");
     }
 
     #[tokio::test]

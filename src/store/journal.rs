@@ -194,8 +194,23 @@ impl SnapshotStore {
         base_time: jiff::Timestamp,
         trusted: Option<&TrustedKeys>,
     ) -> Result<Chain> {
+        self.read_chain_from(Chain::empty(base.clone()), base_time, trusted).await
+    }
+
+    /// [`SnapshotStore::read_chain`] from a chain already read: the segments after its last
+    /// link (all it needs of the chain so far is that link's header and hash, see
+    /// [`check_link`]), appended to it. The controller reads on this way at each refresh,
+    /// reading only the segments written since.
+    pub async fn read_chain_from(
+        &self,
+        mut chain: Chain,
+        base_time: jiff::Timestamp,
+        trusted: Option<&TrustedKeys>,
+    ) -> Result<Chain> {
+        let base = &chain.base.clone();
+        let known = chain.links.len();
+        chain.stop = None;
         let entries = self.list_segments(base).await?;
-        let mut chain = Chain::empty(base.clone());
         let decryption = self.decryption.clone();
         let open = move |m: &Manifest, p: Payload| open_payload(m, p, decryption.as_deref(), None);
         let last_header = entries.iter().filter(|e| e.header).map(|e| e.sequence).max();
@@ -253,8 +268,8 @@ impl SnapshotStore {
         }
         if let Some(message) = chain.stop_message(base_time) {
             warn!(base = %base, "journal chain stops early: {message}");
-        } else if !chain.links.is_empty() {
-            info!(base = %base, segments = chain.links.len(), "journal chain read and verified");
+        } else if chain.links.len() > known {
+            info!(base = %base, segments = chain.links.len() - known, "journal chain read and verified");
         }
         Ok(chain)
     }

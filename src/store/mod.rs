@@ -31,7 +31,9 @@ use object_store::{Certificate, ClientOptions, ObjectStore, ObjectStoreExt, PutM
 use tracing::warn;
 use url::Url;
 
-pub use choose::{Accept, Loaded, Passed, Point, choose_newer, choose_snapshot, resolve};
+pub use choose::{
+    Accept, Loaded, Passed, Point, ReadOn, Tail, choose_newer, choose_snapshot, read_on, resolve, snapshot_at,
+};
 pub use retention::{Deletion, RetentionPolicy};
 
 use crate::format::Record;
@@ -177,6 +179,41 @@ impl SnapshotStore {
     pub fn payload_writer(&self, id: &SnapshotId) -> BufWriter {
         BufWriter::with_capacity(Arc::clone(&self.store), self.payload_path(id), UPLOAD_CAPACITY)
             .with_max_concurrency(UPLOAD_PARTS_IN_FLIGHT)
+    }
+
+    /// Completes a snapshot, as the backup pipeline and the journal's fold write them: the
+    /// rest of its payload (`tail`) through `upload` (this snapshot's [`payload_writer`]),
+    /// the upload completed, then (`completedAt` set now) its manifest, signed with
+    /// `signing_key` (signature first), create-only. Payload first, manifest last: a snapshot
+    /// exists for readers only once whole; an upload that fails leaves no manifest (and the
+    /// folder is removed by retention).
+    ///
+    /// [`payload_writer`]: SnapshotStore::payload_writer
+    pub async fn finish_snapshot(
+        &self,
+        mut upload: BufWriter,
+        tail: &[u8],
+        manifest: &mut Manifest,
+        signing_key: Option<&SigningKey>,
+    ) -> Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let id = manifest.snapshot_id.clone();
+        let uploaded = async {
+            upload.write_all(tail).await?;
+            upload.shutdown().await
+        }
+        .await;
+        if let Err(e) = uploaded {
+            // Not aborted: after a failed shutdown object_store has nothing left to abort (a
+            // single PUT failed, or completing the multipart upload did). No manifest is
+            // written either way.
+            return Err(Error::io(format!("upload payload of snapshot {id} to {}", self.location()), e));
+        }
+        manifest.completed_at = jiff::Timestamp::now().max(manifest.created_at);
+        match signing_key {
+            Some(key) => self.put_signed_manifest(manifest, key).await,
+            None => self.put_manifest(manifest).await,
+        }
     }
 
     /// Writes the manifest with a create-only PUT: it never replaces an existing one.
