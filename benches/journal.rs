@@ -234,7 +234,9 @@ async fn main() {
         thirds.iter().take(3).collect::<Vec<_>>()
     );
     println!();
-    println!("| objects | changes/min | segments | RPO p50 | RPO p99 | RPO max | PUTs/h | bytes/change | idle segments | RSS idle → peak |");
+    println!(
+        "| objects | changes/min | segments | RPO p50 | RPO p99 | RPO max | PUTs/h | bytes/change | idle segments | RSS idle → peak |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     println!(
         "| {n} + {} claims | {:.0} | {during} | {:.2} s | {:.2} s | {:.2} s | {per_hour:.0} | {:.0} | {idle_segments} in {:.0} s | {:.1} → {:.1} MiB |",

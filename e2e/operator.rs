@@ -666,6 +666,23 @@ impl Fleet {
         self.restatus_child(&self.ob.bed.target_kubeconfig, &["controller", "--snapshot-refresh", "2s"])
     }
 
+    /// `restatus journal` on the source, every second, its log with the test bed's logs.
+    fn journal(&self) -> Reaped {
+        let log = Path::new(&self.ob.env["RESTATUS_STATE"]).join(format!("restatus-{}-journal.log", self.name));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+        Reaped(
+            Command::new(env!("CARGO_BIN_EXE_restatus"))
+                .args(["journal", "--selector", &self.selector(), "--journal-interval", "1s", "--kubeconfig"])
+                .arg(&self.ob.bed.source_kubeconfig)
+                .env("RESTATUS_STORAGE", &self.storage)
+                .env("RESTATUS_CLUSTER_ID", &self.name)
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
     /// One-shot `restatus restore` on the target; its JSON report.
     fn restore(&self) -> Value {
         let args = ["restore", "--selector", &self.selector(), "-o", "json"];
@@ -1007,6 +1024,104 @@ async fn after_losing_the_source_the_last_snapshot_restores_the_fleet_and_holds_
     }
     assert!(outcome.servers_changed().is_empty() && outcome.claims_unbound().is_empty());
     assert!(outcome.inventory_lost().is_empty());
+}
+
+/// Issue 23: scenario 4 with the continuous journal on the source. The claim bound after the
+/// last full snapshot reaches the bucket within seconds as journal segments; the source (its
+/// operator and its journal, killed without a chance to finish) is then lost, and the target is
+/// rebuilt in the runbook's order. The restore controller restores every status as the source
+/// last had it, the late claim Bound on its Reserved Server included: nothing is held for a
+/// person and no machine is touched. The operator is watched for `SETTLE` after it starts on
+/// the target, as in the other scenarios.
+#[tokio::test]
+async fn after_losing_the_source_the_journal_restores_what_changed_since_the_last_snapshot() {
+    let _bed = OPERATOR_BED.lock().await;
+    let fx = Fleet::build("5").await;
+    let (source, target) = (fx.ob.bed.source().await, fx.ob.bed.target().await);
+
+    let out = fx.ob.bed.restatus(&fx.storage, &fx.name, &["backup", "--selector", &fx.selector()]);
+    assert_success(&out, "restatus backup");
+    let snapshot = stdout(&out).trim().to_string();
+    let mut journal = fx.journal();
+
+    // After the snapshot, one more claim binds an Available Server, which the operator powers on.
+    let late = fx.servers[BOUND].clone();
+    let late_claim = bind(&source, &fx.ns, &fx.name, &fx.cluster_uid, BOUND, &late).await;
+    let servers = api(&source, METAL, "Server", "servers", None);
+    wait_for("the late claim's Server Reserved and on", Duration::from_secs(120), async || {
+        let s = servers.get(&late).await.unwrap();
+        s.data["status"]["state"] == "Reserved" && s.data["status"]["powerState"] == "On"
+    })
+    .await;
+    let dir = fx.ob.bed.scratch.path().join("specs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut backup = fx.clusterctl(&["move", "-n", &fx.ns, "--to-directory", dir.to_str().unwrap(), "--kubeconfig"]);
+    backup.arg(&fx.ob.bed.source_kubeconfig);
+    assert_success(&backup.output().unwrap(), "clusterctl move --to-directory");
+
+    // The fleet settles; its last statuses reach the bucket (the journal's point), then the
+    // source is lost: the journal is killed (no final segment) and the operator goes.
+    let store = fx.ob.bed.store(&fx.storage, &fx.name);
+    let base: restatus::format::SnapshotId = snapshot.parse().unwrap();
+    let (manifest, base_records) = crate::bed::records(&store, &snapshot).await;
+    let base_records = restatus::format::Records::from_records(base_records);
+    let journaled = async || -> BTreeMap<String, Value> {
+        let chain = store.read_chain(&base, manifest.created_at, None).await.unwrap();
+        let applied = restatus::format::choose_point(&chain.links, None, true, false).map_or(0, |c| c.applied);
+        let merged = restatus::format::point(&base_records, &chain.links[..applied]).unwrap();
+        merged
+            .iter()
+            .map(|r| (format!("{} {}", r.kind, r.name), serde_json::from_str(r.status.get()).unwrap()))
+            .collect()
+    };
+    let mut at_loss = statuses(&source, &fx.name, &fx.ns).await;
+    let started = Instant::now();
+    wait_for("the source's statuses in the journal", Duration::from_secs(60), async || {
+        let point = journaled().await;
+        let now = statuses(&source, &fx.name, &fx.ns).await;
+        let caught_up = now.iter().all(|(k, s)| point.get(k) == Some(s));
+        at_loss = now;
+        caught_up
+    })
+    .await;
+    let behind = started.elapsed();
+    let _ = journal.0.kill();
+    fx.ob.testbed(&["operator", "down", "source"]).await;
+    let (mark, logs) = (fx.ob.mark(), fx.ob.log_marks());
+
+    let started = Instant::now();
+    let _restorer = fx.restore_controller();
+    let mut rebuild = fx.clusterctl(&["move", "--from-directory", dir.to_str().unwrap(), "--to-kubeconfig"]);
+    rebuild.arg(&fx.ob.bed.target_kubeconfig);
+    assert_success(&rebuild.output().unwrap(), "clusterctl move --from-directory");
+    wait_for("every status the source last had, restored", Duration::from_secs(90), async || {
+        let now = statuses(&target, &fx.name, &fx.ns).await;
+        at_loss.iter().all(|(k, s)| now.get(k) == Some(s))
+    })
+    .await;
+    let restored_in = started.elapsed();
+    wait_for("every object released", Duration::from_secs(60), async || {
+        annotations(&target, &fx.name, &fx.ns).await.values().all(|a| !a.contains_key(QUIESCED_BY_ANNOTATION))
+    })
+    .await;
+
+    fx.ob.testbed(&["operator", "up", "target"]).await;
+    let states = StateLog::start(&target, &fx.name);
+    let _boot = BootStandIn::start(target.clone(), fx.ns.clone(), fx.name.clone());
+    tokio::time::sleep(SETTLE).await;
+    let outcome = fx.outcome("5 disaster recovery with the journal", (mark, logs), states, at_loss.clone()).await;
+    let segments = store.read_chain(&base, manifest.created_at, None).await.unwrap().links.len();
+    fx.ob.say(format!(
+        "[5] snapshot {snapshot} + {segments} journal segments: {} objects restored in {restored_in:?} \
+         (the journal caught up {behind:?} after the fleet settled); claim {late_claim} on Server {late}: {} / {}",
+        at_loss.len(),
+        outcome.after.get(&format!("ServerClaim {late_claim}")).map_or(Value::Null, |s| s["phase"].clone()),
+        outcome.after.get(&format!("Server {late}")).map_or(Value::Null, |s| s["state"].clone()),
+    ));
+    outcome.print(&fx.ob);
+
+    assert!(at_loss.contains_key(&format!("ServerClaim {late_claim}")), "the late claim is in the fleet: {at_loss:?}");
+    outcome.assert_no_machine_touched_and_nothing_lost(&fx).await;
 }
 
 /// Issue 21, item 4: a ServerClaim arrives on the target, and its Server only 30 s later. The
