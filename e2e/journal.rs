@@ -21,6 +21,40 @@ use crate::bed::{
     unique,
 };
 
+/// A fleet made on the source, and where its snapshots go: the storage URL, the cluster id and
+/// the selector that picks the fleet.
+struct Fleet {
+    spec: FleetSpec,
+    source: kube::Client,
+    storage: String,
+    cluster: String,
+    selector: String,
+}
+
+impl Fleet {
+    async fn on_source(bed: &Bed, prefix: &str, servers: usize, bmcs: usize, claims: usize) -> Fleet {
+        let spec = FleetSpec::new(&unique(prefix), servers, bmcs, claims);
+        let source = bed.source().await;
+        fleet::create(&source, &spec, 8).await.expect("create fleet");
+        let (storage, cluster) = (bed.storage(&spec.name), spec.name.clone());
+        let selector = format!("{FLEET_LABEL}={}", spec.name);
+        Fleet { spec, source, storage, cluster, selector }
+    }
+}
+
+/// `restatus backup` of the fleet `selector` picks (with `args`): the snapshot's id.
+fn backup(bed: &Bed, storage: &str, cluster: &str, selector: &str, args: &[&str]) -> SnapshotId {
+    let out = bed.restatus(storage, cluster, &[&["backup", "--selector", selector], args].concat());
+    assert_success(&out, "backup");
+    stdout(&out).trim().parse().unwrap()
+}
+
+/// A snapshot's manifest and records, loaded and verified through `store`.
+async fn records_of(store: &SnapshotStore, id: &SnapshotId) -> (restatus::format::Manifest, Records) {
+    let (manifest, records) = records(store, id.as_str()).await;
+    (manifest, Records::from_records(records))
+}
+
 /// `restatus journal` against the source, its log in a file of the test's own.
 fn start_journal(bed: &Bed, storage: &str, cluster: &str, selector: &str, interval: &str) -> (Child, PathBuf) {
     start_journal_with(bed, storage, cluster, selector, &["--journal-interval", interval])
@@ -148,9 +182,7 @@ async fn patch_spec(client: &kube::Client, kind: &str, namespace: Option<&str>, 
 async fn the_journal_carries_changes_after_the_snapshot_through_a_move() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
-    let spec = FleetSpec::new(&unique("jrn"), 4, 4, 2);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn", 4, 4, 2).await;
     // A claim not yet bound, and the Server it will bind to (Available, the first without claim).
     let namespace = spec.namespaces[0].clone();
     let claim = format!("{}-late", spec.name);
@@ -165,16 +197,10 @@ async fn the_journal_carries_changes_after_the_snapshot_through_a_move() {
         .expect("create the claim");
     patch_status(&source, "ServerClaim", Some(&namespace), &claim, json!({"phase": "Unbound"})).await;
 
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
-    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
-    assert_success(&out, "backup");
-    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let base = backup(&bed, &storage, &cluster, &selector, &[]);
     let store = bed.store(&storage, &cluster);
-    let (_, base_records) = records(&store, base.as_str()).await;
+    let (_, base_records) = records_of(&store, &base).await;
     assert_eq!(base_records.len(), spec.total() + 1);
-    let base_records = Records::from_records(base_records);
 
     // The journal, every second.
     let (mut journal, log) = start_journal(&bed, &storage, &cluster, &selector, "1s");
@@ -283,19 +309,10 @@ async fn the_journal_carries_changes_after_the_snapshot_through_a_move() {
 #[tokio::test]
 async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refused() {
     let bed = Bed::get();
-    let spec = FleetSpec::new(&unique("jrn-base"), 2, 2, 1);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-base", 2, 2, 1).await;
     let (key, public, key_id) = generate_keys(&bed, &unique("journal-key"));
     let (key, public) = (key.display().to_string(), public.display().to_string());
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
-    let backup = || {
-        let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector, "--signing-key", &key]);
-        assert_success(&out, "backup");
-        stdout(&out).trim().parse::<SnapshotId>().unwrap()
-    };
+    let backup = || backup(&bed, &storage, &cluster, &selector, &["--signing-key", &key]);
     let first = backup();
     let store = bed.store(&storage, &cluster);
     let args = ["--journal-interval", "1s", "--base-refresh", "1s", "--signing-key", &key];
@@ -303,8 +320,7 @@ async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refus
     wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
     let server = spec.server_name(1);
     patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
-    let (_, first_records) = records(&store, first.as_str()).await;
-    let first_records = Records::from_records(first_records);
+    let (_, first_records) = records_of(&store, &first).await;
     let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
     wait_point(&store, &first, &first_records, Duration::from_secs(30), blinking).await;
 
@@ -313,8 +329,7 @@ async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refus
     let second = backup();
     patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Lit"})).await;
     wait_log(&log, "a newer base snapshot", 1, Duration::from_secs(30)).await;
-    let (_, second_records) = records(&store, second.as_str()).await;
-    let second_records = Records::from_records(second_records);
+    let (_, second_records) = records_of(&store, &second).await;
     let lit = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Lit";
     let chain = wait_point(&store, &second, &second_records, Duration::from_secs(30), lit).await;
     assert_eq!(chain.links[0].header.sequence, 1, "a new chain");
@@ -374,17 +389,10 @@ async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refus
 #[tokio::test]
 async fn an_encrypted_journal_reads_its_base_with_the_key_and_hides_its_records() {
     let bed = Bed::get();
-    let spec = FleetSpec::new(&unique("jrn-age"), 2, 2, 1);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-age", 2, 2, 1).await;
     let (agekey, recipient, _) = generate_age_keys(&bed, &unique("journal-age"));
     let (agekey, recipient) = (agekey.display().to_string(), recipient.display().to_string());
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
-    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector, "--encrypt-to", &recipient]);
-    assert_success(&out, "backup");
-    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let base = backup(&bed, &storage, &cluster, &selector, &["--encrypt-to", &recipient]);
     let args = ["--journal-interval", "1s", "--encrypt-to", &recipient, "--decryption-key", &agekey];
     let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
     wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
@@ -392,8 +400,7 @@ async fn an_encrypted_journal_reads_its_base_with_the_key_and_hides_its_records(
     patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
     let keys = restatus::format::DecryptionKeys::load(&[PathBuf::from(&agekey)]).unwrap().map(std::sync::Arc::new);
     let store = bed.store(&storage, &cluster).with_decryption_keys(keys);
-    let (_, base_records) = records(&store, base.as_str()).await;
-    let base_records = Records::from_records(base_records);
+    let (_, base_records) = records_of(&store, &base).await;
     let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
     let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
     stop(&mut journal, &log).await;
@@ -464,12 +471,7 @@ async fn scrape_until(port: u16, log: &PathBuf, within: Duration, done: impl Fn(
 #[tokio::test]
 async fn the_journal_exports_its_lag_and_snapshots_list_shows_its_segments() {
     let bed = Bed::get();
-    let spec = FleetSpec::new(&unique("jrn-ops"), 2, 2, 1);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-ops", 2, 2, 1).await;
     let port = crate::metrics::free_port();
     let addr = format!("127.0.0.1:{port}");
     // A cut every 8 s: a change waits long enough for a scrape to see it pending.
@@ -491,9 +493,7 @@ async fn the_journal_exports_its_lag_and_snapshots_list_shows_its_segments() {
     assert!(!taken.status.success());
     assert!(stderr(&taken).contains(&format!("--metrics-addr {addr}")), "{}", stderr(&taken));
 
-    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
-    assert_success(&out, "backup");
-    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let base = backup(&bed, &storage, &cluster, &selector, &[]);
     wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
     let body =
         scrape_until(port, &log, Duration::from_secs(10), |b| get(b, "restatus_journal_ready") == Some(1.0)).await;
@@ -579,18 +579,10 @@ async fn store_headers(store: &SnapshotStore, base: &SnapshotId) -> usize {
 async fn least_privilege_journal_service_account_journals_and_cannot_read_secrets() {
     let bed = Bed::get();
     let kubeconfig = bed.deploy(&bed.source_kubeconfig, &["journal"], "restatus-journal");
-    let spec = FleetSpec::new(&unique("jrn-rbac"), 2, 2, 1);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
-    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
-    assert_success(&out, "backup");
-    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-rbac", 2, 2, 1).await;
+    let base = backup(&bed, &storage, &cluster, &selector, &[]);
     let store = bed.store(&storage, &cluster);
-    let (_, base_records) = records(&store, base.as_str()).await;
-    let base_records = Records::from_records(base_records);
+    let (_, base_records) = records_of(&store, &base).await;
 
     let args = ["--journal-interval", "1s"];
     let (mut journal, log) = start_journal_as(&bed, &kubeconfig, &storage, &cluster, &selector, &args);
@@ -642,14 +634,8 @@ async fn least_privilege_journal_service_account_journals_and_cannot_read_secret
 #[tokio::test]
 async fn a_stalled_bucket_shows_as_a_growing_lag_until_the_segment_is_written() {
     let bed = Bed::get();
-    let spec = FleetSpec::new(&unique("jrn-stall"), 2, 2, 1);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
-    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
-    assert_success(&out, "backup");
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-stall", 2, 2, 1).await;
+    backup(&bed, &storage, &cluster, &selector, &[]);
     let (proxy, proxied) = crate::bed::CountingProxy::for_s3().await;
     let port = crate::metrics::free_port();
     let addr = format!("127.0.0.1:{port}");
@@ -696,18 +682,10 @@ async fn a_stalled_bucket_shows_as_a_growing_lag_until_the_segment_is_written() 
 async fn a_journal_killed_in_the_middle_of_an_upload_leaves_no_segment_and_the_next_one_completes_it() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
-    let spec = FleetSpec::new(&unique("jrk"), 3, 0, 0);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
-    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
-    assert_success(&out, "backup");
-    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrk", 3, 0, 0).await;
+    let base = backup(&bed, &storage, &cluster, &selector, &[]);
     let store = bed.store(&storage, &cluster);
-    let (_, base_records) = records(&store, base.as_str()).await;
-    let base_records = Records::from_records(base_records);
+    let (_, base_records) = records_of(&store, &base).await;
     let (first, second) = (spec.server_name(0), spec.server_name(1));
 
     let (mut journal, log) = start_journal(&bed, &storage, &cluster, &selector, "1s");
@@ -788,19 +766,11 @@ async fn wait_status(client: &kube::Client, kind: &str, name: &str, status: &Val
 async fn the_controller_restores_to_the_journal_point_and_reads_on_at_each_refresh() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
-    let spec = FleetSpec::new(&unique("jrn-ctl"), 4, 4, 2);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-ctl", 4, 4, 2).await;
     let (first, second) = (spec.server_name(2), spec.server_name(3));
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
-    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
-    assert_success(&out, "backup");
-    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let base = backup(&bed, &storage, &cluster, &selector, &[]);
     let store = bed.store(&storage, &cluster);
-    let (_, base_records) = records(&store, base.as_str()).await;
-    let base_records = Records::from_records(base_records);
+    let (_, base_records) = records_of(&store, &base).await;
     let (mut journal, log) = start_journal(&bed, &storage, &cluster, &selector, "1s");
     wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
     patch_status(&source, "Server", None, &first, json!({"indicatorLED": "Blinking"})).await;
@@ -883,18 +853,10 @@ async fn the_controller_restores_to_the_journal_point_and_reads_on_at_each_refre
 #[tokio::test]
 async fn a_chain_at_max_segments_is_folded_into_a_new_base_and_goes_on_there() {
     let bed = Bed::get();
-    let spec = FleetSpec::new(&unique("jrn-fold"), 2, 2, 1);
-    let source = bed.source().await;
-    fleet::create(&source, &spec, 8).await.expect("create fleet");
-    let storage = bed.storage(&spec.name);
-    let cluster = spec.name.clone();
-    let selector = format!("{FLEET_LABEL}={}", spec.name);
-    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector]);
-    assert_success(&out, "backup");
-    let base: SnapshotId = stdout(&out).trim().parse().unwrap();
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-fold", 2, 2, 1).await;
+    let base = backup(&bed, &storage, &cluster, &selector, &[]);
     let store = bed.store(&storage, &cluster);
-    let (base_manifest, base_records) = records(&store, base.as_str()).await;
-    let base_records = Records::from_records(base_records);
+    let (base_manifest, base_records) = records_of(&store, &base).await;
     // The base refresh far off: the journal moves to the folded base because it folded it.
     let args = ["--journal-interval", "1s", "--max-segments", "2", "--base-refresh", "1h"];
     let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);

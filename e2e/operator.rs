@@ -599,6 +599,33 @@ impl Fleet {
         cmd
     }
 
+    /// One more claim binds the first Available Server (`BOUND`), which the operator reserves
+    /// and powers on; the Server's and the claim's names once it has.
+    async fn bind_late(&self) -> (String, String) {
+        let source = self.ob.bed.source().await;
+        let late = self.servers[BOUND].clone();
+        let late_claim = bind(&source, &self.ns, &self.name, &self.cluster_uid, BOUND, &late).await;
+        let servers = api(&source, METAL, "Server", "servers", None);
+        wait_for("the late claim's Server Reserved and on", Duration::from_secs(120), async || {
+            let s = servers.get(&late).await.unwrap();
+            s.data["status"]["state"] == "Reserved" && s.data["status"]["powerState"] == "On"
+        })
+        .await;
+        (late, late_claim)
+    }
+
+    /// The namespace's specs written by `clusterctl move --to-directory` from the source; the
+    /// directory.
+    fn specs_to_directory(&self) -> PathBuf {
+        let dir = self.ob.bed.scratch.path().join("specs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut backup =
+            self.clusterctl(&["move", "-n", &self.ns, "--to-directory", dir.to_str().unwrap(), "--kubeconfig"]);
+        backup.arg(&self.ob.bed.source_kubeconfig);
+        assert_success(&backup.output().unwrap(), "clusterctl move --to-directory");
+        dir
+    }
+
     /// The real `clusterctl move` of the fleet's namespace, in the background.
     fn start_move(&self) -> std::thread::JoinHandle<std::process::Output> {
         let mut cmd = self.clusterctl(&["move", "-n", &self.ns]);
@@ -941,21 +968,10 @@ async fn after_losing_the_source_the_last_snapshot_restores_the_fleet_and_holds_
         .collect();
 
     // After it, one more claim binds an Available Server, which the operator powers on.
-    let late = fx.servers[BOUND].clone();
-    let late_claim = bind(&source, &fx.ns, &fx.name, &fx.cluster_uid, BOUND, &late).await;
-    let servers = api(&source, METAL, "Server", "servers", None);
-    wait_for("the late claim's Server Reserved and on", Duration::from_secs(120), async || {
-        let s = servers.get(&late).await.unwrap();
-        s.data["status"]["state"] == "Reserved" && s.data["status"]["powerState"] == "On"
-    })
-    .await;
+    let (late, late_claim) = fx.bind_late().await;
 
     // The specs' backup, as clusterctl writes it (a Velero backup or a GitOps repository would do).
-    let dir = fx.ob.bed.scratch.path().join("specs");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut backup = fx.clusterctl(&["move", "-n", &fx.ns, "--to-directory", dir.to_str().unwrap(), "--kubeconfig"]);
-    backup.arg(&fx.ob.bed.source_kubeconfig);
-    assert_success(&backup.output().unwrap(), "clusterctl move --to-directory");
+    let dir = fx.specs_to_directory();
     let at_loss = statuses(&source, &fx.name, &fx.ns).await;
 
     // The source is lost: its manager is gone, the machines run on.
@@ -1045,19 +1061,8 @@ async fn after_losing_the_source_the_journal_restores_what_changed_since_the_las
     let mut journal = fx.journal();
 
     // After the snapshot, one more claim binds an Available Server, which the operator powers on.
-    let late = fx.servers[BOUND].clone();
-    let late_claim = bind(&source, &fx.ns, &fx.name, &fx.cluster_uid, BOUND, &late).await;
-    let servers = api(&source, METAL, "Server", "servers", None);
-    wait_for("the late claim's Server Reserved and on", Duration::from_secs(120), async || {
-        let s = servers.get(&late).await.unwrap();
-        s.data["status"]["state"] == "Reserved" && s.data["status"]["powerState"] == "On"
-    })
-    .await;
-    let dir = fx.ob.bed.scratch.path().join("specs");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut backup = fx.clusterctl(&["move", "-n", &fx.ns, "--to-directory", dir.to_str().unwrap(), "--kubeconfig"]);
-    backup.arg(&fx.ob.bed.source_kubeconfig);
-    assert_success(&backup.output().unwrap(), "clusterctl move --to-directory");
+    let (late, late_claim) = fx.bind_late().await;
+    let dir = fx.specs_to_directory();
 
     // The fleet settles; its last statuses reach the bucket (the journal's point), then the
     // source is lost: the journal is killed (no final segment) and the operator goes.
@@ -1145,11 +1150,7 @@ async fn a_claim_that_arrives_before_its_server_stays_quiesced_until_the_server_
     let before = statuses(&source, &fx.name, &fx.ns).await;
 
     // The specs, as the move carries them: every object of the profile quiesced by restatus.
-    let dir = fx.ob.bed.scratch.path().join("specs");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut backup = fx.clusterctl(&["move", "-n", &fx.ns, "--to-directory", dir.to_str().unwrap(), "--kubeconfig"]);
-    backup.arg(&fx.ob.bed.source_kubeconfig);
-    assert_success(&backup.output().unwrap(), "clusterctl move --to-directory");
+    let dir = fx.specs_to_directory();
     fx.ob.testbed(&["operator", "down", "source"]).await;
     let (late, claim) = (fx.servers[0].clone(), format!("{}-m0", fx.name));
     let held_back = fx.ob.bed.scratch.path().join("late-server.json");
