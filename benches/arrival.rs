@@ -30,7 +30,7 @@ use restatus::domain::annotations::QUIESCED_BY_ANNOTATION;
 use restatus::domain::identity::Profile;
 use restatus::fleet::etcd::{EtcdTarget, load_servers, wait_listed};
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
-use support::{Controller, env, get, metric, rss_kib, timed};
+use support::{Controller, bed_cpu_seconds, cpu_seconds_of, env, get, metric, rss_kib, timed, timed_cpu};
 
 /// Single Servers created through the API while the controller restores the mass arrival.
 const PROBES: usize = 30;
@@ -63,6 +63,21 @@ async fn probe(client: kube::Client, spec: FleetSpec) -> Vec<Duration> {
         tokio::time::sleep_until(next.into()).await;
     }
     latencies
+}
+
+/// CPU seconds the target's kube-apiserver and etcd had used at a point.
+struct BedCpu(f64, f64);
+
+impl BedCpu {
+    fn now() -> BedCpu {
+        BedCpu(bed_cpu_seconds("apiserver-target"), bed_cpu_seconds("etcd-target"))
+    }
+
+    /// What each used since.
+    fn since(&self) -> BedCpu {
+        let now = BedCpu::now();
+        BedCpu(now.0 - self.0, now.1 - self.1)
+    }
 }
 
 /// Makes `spec`'s fleet on a cluster: Servers into its etcd, the claims through its API.
@@ -104,16 +119,24 @@ async fn main() {
 
         // One-shot: the fleet arrives, then the restore.
         let started = Instant::now();
+        let bed_cpu = BedCpu::now();
         arrive(&target, &env("RESTATUS_ETCD_TARGET"), &bare(&once)).await;
         let once_arrival = started.elapsed();
+        let arrival_cpu = bed_cpu.since();
+        let bed_cpu = BedCpu::now();
         let selector = format!("{FLEET_LABEL}={once}");
-        let (once_wall, once_rss) =
-            timed(&["restore", "--kubeconfig", &target_config, "--selector", &selector], &storage, &once);
+        let (once_wall, once_rss, once_cpu) =
+            timed_cpu(&["restore", "--kubeconfig", &target_config, "--selector", &selector], &storage, &once);
+        let restore_cpu = bed_cpu.since();
         println!(
             "{n} Servers + {claims} claims, one-shot: arrival {:.1} s, then restore {:.1} s, peak RSS {} KiB",
             once_arrival.as_secs_f64(),
             once_wall.as_secs_f64(),
             once_rss
+        );
+        println!(
+            "  CPU seconds: the arrival took kube-apiserver {:.1}, etcd {:.1}; the restore took restatus {once_cpu:.1}, kube-apiserver {:.1}, etcd {:.1}",
+            arrival_cpu.0, arrival_cpu.1, restore_cpu.0, restore_cpu.1
         );
 
         // Controller: running and ready, then the fleet arrives, and the probes one by one.
@@ -135,6 +158,7 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let started = Instant::now();
+        let (bed_cpu, controller_cpu) = (BedCpu::now(), cpu_seconds_of(controller.child.id()));
         let arriving = tokio::spawn({
             let (target, spec) = (target.clone(), bare(&ctl));
             async move { arrive(&target, &env("RESTATUS_ETCD_TARGET"), &spec).await }
@@ -156,6 +180,7 @@ async fn main() {
             assert!(started.elapsed() < Duration::from_secs(3600), "{restored} of {total} restored after an hour");
             tokio::time::sleep(Duration::from_millis(250)).await;
         };
+        let (controller_cpu, bed_cpu) = (cpu_seconds_of(controller.child.id()) - controller_cpu, bed_cpu.since());
         let arrival = arrived.expect("arrived");
         let after = done.saturating_sub(arrival);
         let mut latencies = probing.await.expect("the probes");
@@ -172,6 +197,13 @@ async fn main() {
             after.as_secs_f64(),
             done.as_secs_f64(),
             peak
+        );
+        println!(
+            "  CPU seconds, from the start of the arrival: restatus controller {controller_cpu:.1}, kube-apiserver {:.1}, etcd {:.1} (the one-shot's arrival and restore: restatus {once_cpu:.1}, kube-apiserver {:.1}, etcd {:.1})",
+            bed_cpu.0,
+            bed_cpu.1,
+            arrival_cpu.0 + restore_cpu.0,
+            arrival_cpu.1 + restore_cpu.1
         );
         println!("ratio controller / one-shot: {:.2}", after.as_secs_f64() / once_wall.as_secs_f64());
         rows.push((n, run, once_wall, once_rss, median, after, peak));

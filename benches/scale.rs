@@ -9,6 +9,8 @@
 //! the source's etcd (`restatus::fleet::etcd`, bench-only), each size's increment just before
 //! that size is measured.
 
+// Only a part of it: no test-bed CPU here.
+#[allow(dead_code)]
 mod support;
 
 use std::path::Path;

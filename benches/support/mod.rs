@@ -10,9 +10,15 @@ pub fn env(name: &str) -> String {
 
 /// Runs `restatus ARGS` under /usr/bin/time: wall time and peak RSS (KiB).
 pub fn timed(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64) {
+    let (elapsed, rss, _) = timed_cpu(args, storage, cluster);
+    (elapsed, rss)
+}
+
+/// As [`timed`], and the CPU seconds (user + system) restatus used.
+pub fn timed_cpu(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64, f64) {
     let started = Instant::now();
     let out = Command::new("/usr/bin/time")
-        .args(["-f", "%M", env!("CARGO_BIN_EXE_restatus")])
+        .args(["-f", "%U %S\n%M", env!("CARGO_BIN_EXE_restatus")])
         .args(args)
         .env("RESTATUS_STORAGE", storage)
         .env("RESTATUS_CLUSTER_ID", cluster)
@@ -22,7 +28,25 @@ pub fn timed(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64) {
     let elapsed = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "restatus {args:?} failed: {stderr}");
-    (elapsed, stderr.lines().last().and_then(|l| l.trim().parse().ok()).expect("peak RSS from /usr/bin/time"))
+    let mut last = stderr.lines().rev();
+    let rss = last.next().and_then(|l| l.trim().parse().ok()).expect("peak RSS from /usr/bin/time");
+    let cpu = last.next().map_or(0.0, |l| l.split_whitespace().filter_map(|t| t.parse::<f64>().ok()).sum());
+    (elapsed, rss, cpu)
+}
+
+/// CPU seconds (user + system) a process has used so far (0 once it is gone).
+pub fn cpu_seconds_of(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU seconds a process of the test bed (`apiserver-target`, `etcd-target`, ...) has used so
+/// far.
+pub fn bed_cpu_seconds(process: &str) -> f64 {
+    let pid = std::fs::read_to_string(format!("{}/{process}.pid", env("RESTATUS_STATE"))).unwrap_or_default();
+    pid.trim().parse().map_or(0.0, cpu_seconds_of)
 }
 
 pub fn rss_kib(pid: u32) -> u64 {

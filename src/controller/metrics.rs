@@ -32,6 +32,8 @@ pub struct Metrics {
     pub quiesced: Gauge,
     /// Objects whose restore failed, waiting for a retry.
     pub retrying: Gauge,
+    /// Watch events waiting for the main loop, each object's newest only.
+    pub watch_pending: Gauge,
     /// 1 while a kind of the profile cannot be watched (not served, forbidden).
     pub kind_unavailable: Family<KindLabel, Gauge>,
     /// The newest snapshot in the bucket, refreshed by every replica (see `context::export_newest`).
@@ -75,6 +77,12 @@ impl Default for Metrics {
         registry.register("objects_quiesced", "Objects carrying restatus's own ignore", quiesced.clone());
         let retrying = Gauge::default();
         registry.register("objects_retrying", "Objects whose restore failed, waiting for a retry", retrying.clone());
+        let watch_pending = Gauge::default();
+        registry.register(
+            "watch_pending",
+            "Watch events waiting for the controller's main loop (each object's newest only)",
+            watch_pending.clone(),
+        );
         let kind_unavailable = Family::<KindLabel, Gauge>::default();
         registry.register(
             "kind_unavailable",
@@ -93,6 +101,7 @@ impl Default for Metrics {
             leader,
             quiesced,
             retrying,
+            watch_pending,
             kind_unavailable,
             newest,
         }

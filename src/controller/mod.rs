@@ -11,11 +11,12 @@
 //! dirty: one may be waiting for it; a Server whose status changes makes the claims it keeps
 //! ignored dirty: one may be waiting for it to be Reserved for it.
 //!
-//! The watches queue their changes in a bounded channel (a full one makes them stop reading);
-//! the events of the controller's own writes (known by the resourceVersions they made) update
-//! the index but make nothing dirty; and dirty objects are reconciled in chunks, those that changed before those only woken and
-//! the most recent first, so that an object arriving during a mass arrival waits for one chunk,
-//! not for the backlog.
+//! The watches queue their changes in an inbox that keeps each object's newest change only
+//! (bounded by the objects, and a watch never waits for the main loop); the events of the
+//! controller's own writes (known by the resourceVersions they made) update the index but make
+//! nothing dirty; and dirty objects are reconciled in chunks, those that changed before those
+//! only woken and the most recent first, so that an object arriving during a mass arrival
+//! waits for one chunk, not for the backlog.
 //!
 //! Rooms: [`context`] (shared state, snapshot refresh, readiness), [`watch`] (one watch per
 //! kind into the main loop), [`reconcile`] (plan and apply one object), and here the main loop
@@ -35,7 +36,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::domain::identity::KindProfile;
@@ -47,7 +47,7 @@ pub use context::{Context, ControllerOptions};
 use index::{LiveIndex, Uid};
 use reconcile::{Done, Next};
 use retry::{FIRST_RETRY, Retries};
-use watch::{Change, watch_kind};
+use watch::{Change, Inbox, watch_kind};
 
 /// The main loop's state.
 struct Loop {
@@ -80,6 +80,12 @@ impl Loop {
             partner_arrived: false,
             server_changed: false,
             echoes: HashMap::new(),
+        }
+    }
+
+    fn apply_all(&mut self, ctx: &Context, changes: Vec<Change>) {
+        for change in changes {
+            self.apply(ctx, change);
         }
     }
 
@@ -208,11 +214,6 @@ impl Loop {
     }
 }
 
-/// Changes a watch may queue for the main loop before it waits: the queue holds compact objects
-/// (a few hundred bytes each), and a full one makes the watches stop reading rather than the
-/// process grow while a batch is written (the echoes of its own writes included).
-const WATCH_QUEUE: usize = 1024;
-
 /// Objects reconciled before the loop looks at its watches, timers and shutdown again: enough
 /// to keep `concurrency` writes in flight, few enough that an object arriving in the middle of
 /// a mass arrival waits for one chunk, not for everything that arrived before it.
@@ -248,10 +249,9 @@ fn next_chunk(dirty: &mut HashMap<Uid, Pending>, n: usize) -> HashMap<Uid, Insta
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
     tokio::pin!(shutdown);
     let kinds: Vec<KindProfile> = ctx.options.profile.kinds.iter().filter(|k| !k.is_denied()).cloned().collect();
-    let (tx, mut rx) = mpsc::channel(WATCH_QUEUE);
+    let inbox = Arc::new(Inbox::default());
     let watches: Vec<_> =
-        kinds.iter().map(|kind| tokio::spawn(watch_kind(ctx.clone(), kind.clone(), tx.clone()))).collect();
-    drop(tx);
+        kinds.iter().map(|kind| tokio::spawn(watch_kind(ctx.clone(), kind.clone(), inbox.sender()))).collect();
     let mut state = Loop::new(kinds);
     let mut refresh = tokio::time::interval(ctx.options.snapshot_refresh);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -280,15 +280,19 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                     state.retries.due(Instant::now()).into_iter().filter_map(|uid| state.live.uid(&uid)).collect();
                 state.wake(due);
             }
-            change = rx.recv() => {
-                let Some(change) = change else { break Err(Error::WatchesEnded) };
-                let mut next = Some(change);
-                // Gather what arrives within the batch window, then act once.
+            changes = inbox.recv() => {
+                let Some(changes) = changes else { break Err(Error::WatchesEnded) };
+                // Gather what arrives within the batch window, then act once: the window ends
+                // however fast changes keep coming.
                 let deadline = tokio::time::Instant::now() + ctx.options.batch_window;
-                while let Some(change) = next.take() {
-                    state.apply(&ctx, change);
-                    next = tokio::time::timeout_at(deadline, rx.recv()).await.ok().flatten();
+                state.apply_all(&ctx, changes);
+                while tokio::time::Instant::now() < deadline {
+                    match tokio::time::timeout_at(deadline, inbox.recv()).await {
+                        Ok(Some(changes)) => state.apply_all(&ctx, changes),
+                        Ok(None) | Err(_) => break,
+                    }
                 }
+                ctx.metrics.watch_pending.set(inbox.len() as i64);
                 state.wake_waiting();
             }
             // Dirty objects left from the last chunk: no waiting for a change before the next.

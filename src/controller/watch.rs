@@ -1,10 +1,11 @@
-//! Watching: one task per kind streams its objects into the main loop as [`Change`]s.
+//! Watching: one task per kind streams its objects into the main loop as [`Change`]s, through
+//! an [`Inbox`] that keeps only the newest change of each object.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tracing::warn;
 
 use super::Context;
@@ -13,6 +14,7 @@ use crate::domain::live::LiveObject;
 use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 
 /// What a watch tells the main loop.
+#[derive(Debug)]
 pub(super) enum Change {
     Upsert(Box<LiveObject>),
     Delete(String),
@@ -36,7 +38,7 @@ const WATCH_PAGE_SIZE: u32 = 100;
 /// Streams one kind's objects into the main loop: upserts and deletions, each complete
 /// (re-)list with the uids it held, and the kind's unavailability while it cannot be watched
 /// (the watcher backs off as kube-runtime's default backoff says).
-pub(super) async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::Sender<Change>) {
+pub(super) async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: Sender) {
     let request =
         WatchRequest { namespace: None, selector: ctx.options.selector.as_deref(), page_size: WATCH_PAGE_SIZE };
     let mut listing: HashSet<String> = HashSet::new();
@@ -75,13 +77,106 @@ pub(super) async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::S
                 }
             }
         };
-        // Waits while the main loop's queue is full: the watch stops reading, and the API
-        // server holds (or, past its own limit, drops the watch, which resumes).
-        if let Some(change) = change
-            && tx.send(change).await.is_err()
-        {
-            return;
+        // Never waits for the main loop: a watch that stops reading is closed by the API
+        // server (its watch cache does not wait for a slow watcher), resumes from a
+        // resourceVersion the cache no longer holds, and lists the whole kind again.
+        if let Some(change) = change {
+            tx.send(change);
         }
+    }
+}
+
+/// The changes the watches have sent and the main loop has yet to take, in the order they
+/// came, with only the newest of each object (an upsert or deletion replaces the object's
+/// change waiting, in its place): so the watches never wait for the main loop, and what waits
+/// is bounded by the objects watched, not by the events (a mass arrival, the echoes of the
+/// controller's own writes). A (re-)list ([`Change::Listed`]) and a kind's unavailability keep
+/// their place among them.
+#[derive(Default)]
+pub(super) struct Inbox {
+    queue: Mutex<Queue>,
+    /// One waiter: the main loop. A permit is kept when nobody waits, so a change sent between
+    /// its look and its wait wakes it.
+    sent: Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    changes: Vec<Change>,
+    /// Where each object's change is in `changes`.
+    slot: HashMap<String, usize>,
+    /// Senders alive: none left and nothing waiting ends the main loop.
+    senders: usize,
+}
+
+impl Inbox {
+    /// A watch's end of the inbox.
+    pub(super) fn sender(self: &Arc<Self>) -> Sender {
+        self.lock().senders += 1;
+        Sender(self.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for changes and takes them all; `None` once every sender is gone and nothing
+    /// waits.
+    pub(super) async fn recv(&self) -> Option<Vec<Change>> {
+        loop {
+            {
+                let mut queue = self.lock();
+                if !queue.changes.is_empty() {
+                    queue.slot.clear();
+                    return Some(std::mem::take(&mut queue.changes));
+                }
+                if queue.senders == 0 {
+                    return None;
+                }
+            }
+            self.sent.notified().await;
+        }
+    }
+
+    /// Changes waiting.
+    pub(super) fn len(&self) -> usize {
+        self.lock().changes.len()
+    }
+}
+
+/// A watch's end of the [`Inbox`]; dropped when the watch ends.
+pub(super) struct Sender(Arc<Inbox>);
+
+impl Sender {
+    /// Queues `change`, in place of the change of the same object waiting, if any.
+    pub(super) fn send(&self, change: Change) {
+        {
+            let mut queue = self.0.lock();
+            let queue = &mut *queue;
+            let uid = match &change {
+                Change::Upsert(object) => Some(object.uid.as_str()),
+                Change::Delete(uid) => Some(uid.as_str()),
+                Change::Listed { .. } | Change::Unavailable { .. } => None,
+            };
+            match uid {
+                Some(uid) => match queue.slot.get(uid) {
+                    Some(&at) => queue.changes[at] = change,
+                    None => {
+                        queue.slot.insert(uid.to_string(), queue.changes.len());
+                        queue.changes.push(change);
+                    }
+                },
+                None => queue.changes.push(change),
+            }
+        }
+        self.0.sent.notify_one();
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.0.lock().senders -= 1;
+        self.0.sent.notify_one();
     }
 }
 
@@ -89,4 +184,85 @@ pub(super) async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: mpsc::S
 /// [`LiveObject::compact`]), already here, so that what waits in the channel is small too.
 fn upsert(kind: &KindProfile, object: &kube::api::DynamicObject) -> Option<Change> {
     LiveObject::from_dynamic(kind, object).ok().map(|o| Change::Upsert(Box::new(o.compact())))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::fixtures::{self, uuid};
+
+    fn upsert(name: &str, version: &str) -> Change {
+        let mut object = fixtures::live("Server", name, &[uuid(name)], None);
+        object.resource_version = version.into();
+        Change::Upsert(Box::new(object))
+    }
+
+    /// (uid, resourceVersion) of an upsert, the uid of a deletion, the kind of a listing.
+    fn seen(changes: &[Change]) -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::Upsert(o) => format!("{}@{}", o.uid, o.resource_version),
+                Change::Delete(uid) => format!("-{uid}"),
+                Change::Listed { kind, .. } => format!("listed {kind}"),
+                Change::Unavailable { kind, .. } => format!("unavailable {kind}"),
+            })
+            .collect()
+    }
+
+    /// Issue 22: each object's newest change replaces the one waiting, in its place; listings
+    /// keep theirs; what waits is bounded by the objects, not by their events.
+    #[tokio::test]
+    async fn the_inbox_keeps_each_objects_newest_change_in_its_place() {
+        let inbox = Arc::new(Inbox::default());
+        let tx = inbox.sender();
+        tx.send(upsert("a", "1"));
+        tx.send(upsert("b", "2"));
+        tx.send(upsert("a", "3"));
+        tx.send(Change::Listed { kind: "Server".into(), uids: HashSet::new() });
+        tx.send(Change::Delete("b".into()));
+        tx.send(upsert("c", "4"));
+        assert_eq!(inbox.len(), 4);
+        let changes = inbox.recv().await.unwrap();
+        assert_eq!(seen(&changes), ["a@3", "-b", "listed Server", "c@4"]);
+        // Taken: a change of the same object now waits on its own, at the end.
+        tx.send(upsert("c", "5"));
+        tx.send(upsert("a", "6"));
+        assert_eq!(seen(&inbox.recv().await.unwrap()), ["c@5", "a@6"]);
+
+        // A mass arrival's events, each object written three times (its echoes): one change an
+        // object waits.
+        for round in 0..3 {
+            for i in 0..1000 {
+                tx.send(upsert(&format!("s{i}"), &format!("{round}")));
+            }
+        }
+        let changes = inbox.recv().await.unwrap();
+        assert_eq!(changes.len(), 1000);
+        assert!(seen(&changes).iter().all(|c| c.ends_with("@2")), "each object's newest");
+    }
+
+    /// The main loop waits for a change sent later, and learns that every watch ended only
+    /// once it took what they sent.
+    #[tokio::test]
+    async fn a_change_wakes_the_waiting_loop_and_the_end_comes_after_what_was_sent() {
+        let inbox = Arc::new(Inbox::default());
+        let (one, two) = (inbox.sender(), inbox.sender());
+        let waiting = tokio::spawn({
+            let inbox = inbox.clone();
+            async move { inbox.recv().await }
+        });
+        tokio::task::yield_now().await;
+        one.send(upsert("a", "1"));
+        let woken = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("woken within 10 s");
+        assert_eq!(seen(&woken.unwrap().unwrap()), ["a@1"]);
+
+        two.send(upsert("b", "2"));
+        drop(one);
+        drop(two);
+        assert_eq!(seen(&inbox.recv().await.unwrap()), ["b@2"], "what was sent before the end comes first");
+        assert!(inbox.recv().await.is_none(), "then the end");
+    }
 }
