@@ -11,7 +11,8 @@ use tracing::warn;
 use super::Context;
 use crate::domain::identity::KindProfile;
 use crate::domain::live::LiveObject;
-use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
+use crate::domain::object::RawObject;
+use crate::k8s::watch::{RawResource, WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 
 /// What a watch tells the main loop.
 #[derive(Debug)]
@@ -181,9 +182,15 @@ impl Drop for Sender {
 }
 
 /// The object as the index keeps it: its status as digests, not JSON (see
-/// [`LiveObject::compact`]), already here, so that what waits in the channel is small too.
-fn upsert(kind: &KindProfile, object: &kube::api::DynamicObject) -> Option<Change> {
-    LiveObject::from_dynamic(kind, object).ok().map(|o| Change::Upsert(Box::new(o.compact())))
+/// [`LiveObject::compact`]), already here, so that what waits in the inbox is small too.
+fn upsert(kind: &KindProfile, object: &RawResource) -> Option<Change> {
+    match RawObject::parse(object.json()) {
+        Ok(raw) => Some(Change::Upsert(Box::new(LiveObject::from_raw(kind, &raw).compact()))),
+        Err(e) => {
+            warn!(kind = kind.kind, error = %e, "object not understood; skipped");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

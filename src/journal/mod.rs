@@ -28,7 +28,7 @@ use crate::domain::object::RawObject;
 use crate::format::{
     Manifest, PayloadEncoder, Recipients, Records, SegmentHeader, SigningKey, SnapshotId, TrustedKeys, sha256_hex,
 };
-use crate::k8s::watch::{WatchEvent, WatchRequest, unavailable_reason, watch_objects};
+use crate::k8s::watch::{RawResource, WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 use crate::store::{Accept, SnapshotStore, choose_snapshot};
 use crate::{Error, Result};
 use metrics::{JournalError, JournalMetrics};
@@ -112,7 +112,7 @@ struct Chain {
 
 /// What a watch tells the loop: the kind (its index) and the event, with when it arrived.
 enum Seen {
-    Event(usize, Box<WatchEvent<kube::api::DynamicObject>>, Instant),
+    Event(usize, Box<WatchEvent<RawResource>>, Instant),
     Unavailable(usize, String),
 }
 
@@ -355,11 +355,8 @@ fn observe(state: &mut JournalState, kinds: &[KindProfile], seen: Seen) {
         Seen::Event(index, event, at) => (index, event, at),
     };
     let kind = &kinds[index];
-    let parse = |object: &kube::api::DynamicObject, state: &mut JournalState| match serde_json::to_string(object) {
-        Ok(json) => match RawObject::parse(&json) {
-            Ok(raw) => state.seen_at(kind, &raw, at),
-            Err(e) => warn!(kind = kind.kind, error = %e, "object not understood; skipped"),
-        },
+    let parse = |object: &RawResource, state: &mut JournalState| match RawObject::parse(object.json()) {
+        Ok(raw) => state.seen_at(kind, &raw, at),
         Err(e) => warn!(kind = kind.kind, error = %e, "object not understood; skipped"),
     };
     match *event {
