@@ -31,9 +31,9 @@ pub(super) enum Change {
     },
 }
 
-/// Objects per page of a watch's (re-)list. A page is parsed whole into `DynamicObject`s, some
-/// 40 KiB each for a discovered Server: client-go's 500 would hold 20 MiB at once, freed only
-/// into the allocator's arenas.
+/// Objects per page of a watch's (re-)list. A page is held whole (each object's JSON, some
+/// 40 KiB for a discovered Server): client-go's 500 would hold 20 MiB at once, freed only into
+/// the allocator's arenas.
 const WATCH_PAGE_SIZE: u32 = 100;
 
 /// Streams one kind's objects into the main loop: upserts and deletions, each complete
