@@ -257,20 +257,28 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry = tokio::time::interval(FIRST_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The refresh under way: a download can take a while, or hang on a store that stopped
+    // answering until `--snapshot-timeout`; the loop goes on restoring from the snapshot in use
+    // meanwhile.
+    let mut refreshing: Option<tokio::task::JoinHandle<bool>> = None;
     let result = loop {
         let more = !state.dirty.is_empty() && ctx.synced.load(Ordering::Relaxed);
-        // Not biased: a refresh that keeps failing (a stalled store, its tick always due) must
-        // not starve the watches, nor a stream of events the refresh.
+        // Not biased: a stream of events must not starve the refresh.
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
-            _ = refresh.tick() => {
-                // A download can take a while (or hang on an unanswering store): SIGTERM
-                // does not wait for it.
-                let changed = tokio::select! {
-                    _ = &mut shutdown => break Ok(()),
-                    changed = refresh_snapshot(&ctx) => changed,
-                };
-                if changed {
+            _ = refresh.tick(), if refreshing.is_none() => {
+                let ctx = ctx.clone();
+                refreshing = Some(tokio::spawn(async move { refresh_snapshot(&ctx).await }));
+            }
+            changed = async {
+                match refreshing.as_mut() {
+                    Some(under_way) => under_way.await,
+                    None => std::future::pending().await,
+                }
+            }, if refreshing.is_some() => {
+                refreshing = None;
+                // A refresh that panicked changed nothing; the next tick tries again.
+                if changed.unwrap_or(false) {
                     let all: Vec<Uid> = state.live.uids().cloned().collect();
                     state.wake(all);
                 }
@@ -321,6 +329,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     };
     for watch in watches {
         watch.abort();
+    }
+    if let Some(refreshing) = refreshing {
+        refreshing.abort();
     }
     result
 }
