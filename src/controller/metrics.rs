@@ -32,6 +32,10 @@ pub struct Metrics {
     pub quiesced: Gauge,
     /// Objects whose restore failed, waiting for a retry.
     pub retrying: Gauge,
+    /// The adaptive limit on the writes in flight now (`k8s::limit`), and the times the API
+    /// server shed load and it halved.
+    pub write_limit: Gauge,
+    pub write_limit_halvings: Gauge,
     /// 1 while a kind of the profile cannot be watched (not served, forbidden).
     pub kind_unavailable: Family<KindLabel, Gauge>,
     /// The newest snapshot in the bucket, refreshed by every replica (see `context::export_newest`).
@@ -75,6 +79,18 @@ impl Default for Metrics {
         registry.register("objects_quiesced", "Objects carrying restatus's own ignore", quiesced.clone());
         let retrying = Gauge::default();
         registry.register("objects_retrying", "Objects whose restore failed, waiting for a retry", retrying.clone());
+        let write_limit = Gauge::default();
+        registry.register(
+            "write_limit",
+            "Writes the controller lets be in flight at once now: grows while the API server's latency stays flat, halves when it sheds load",
+            write_limit.clone(),
+        );
+        let write_limit_halvings = Gauge::default();
+        registry.register(
+            "write_limit_halvings",
+            "Times the API server shed the controller's writes (429, 503, 504, Retry-After) and the write limit halved",
+            write_limit_halvings.clone(),
+        );
         let kind_unavailable = Family::<KindLabel, Gauge>::default();
         registry.register(
             "kind_unavailable",
@@ -93,6 +109,8 @@ impl Default for Metrics {
             leader,
             quiesced,
             retrying,
+            write_limit,
+            write_limit_halvings,
             kind_unavailable,
             newest,
         }
@@ -106,6 +124,13 @@ impl Metrics {
 
     pub fn unavailable(&self, kind: &str, unavailable: bool) {
         self.kind_unavailable.get_or_create(&KindLabel { kind: kind.to_string() }).set(i64::from(unavailable));
+    }
+
+    /// Exports what `limit` is now.
+    pub fn write_limit(&self, limit: &crate::k8s::WriteLimit) {
+        let report = limit.report();
+        self.write_limit.set(report.final_limit as i64);
+        self.write_limit_halvings.set(report.halvings as i64);
     }
 
     pub fn render(&self) -> String {
