@@ -137,3 +137,28 @@ impl Metrics {
         render(&self.registry)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::WriteLimit;
+
+    /// `/metrics` says where the controller's write limit is, and how often the API server
+    /// shed its writes.
+    #[tokio::test]
+    async fn the_write_limit_and_its_halvings_are_exported() {
+        let metrics = Metrics::default();
+        let limit = WriteLimit::new(16, 64);
+        metrics.write_limit(&limit);
+        let text = metrics.render();
+        assert!(text.contains("restatus_write_limit 16\n"), "{text}");
+        assert!(text.contains("restatus_write_limit_halvings 0\n"), "{text}");
+        let mut permit = limit.acquire().await;
+        permit.answered(http::StatusCode::TOO_MANY_REQUESTS, &http::HeaderMap::new());
+        drop(permit);
+        metrics.write_limit(&limit);
+        let text = metrics.render();
+        assert!(text.contains("restatus_write_limit 8\n"), "{text}");
+        assert!(text.contains("restatus_write_limit_halvings 1\n"), "{text}");
+    }
+}
