@@ -35,9 +35,14 @@ pub const DEFAULT_MAX: usize = 64;
 /// still count as flat: the API server is not queueing the writes (yet).
 pub const LATENCY_TOLERANCE: f64 = 2.0;
 
-/// How many windows' mean latencies the recent minimum is taken over: old enough windows are
-/// forgotten, so a slower API server (or a slower kind of write) becomes the new normal.
-const RECENT_WINDOWS: usize = 8;
+/// How many flat windows' mean latencies the recent minimum is taken over (windows slower than
+/// the tolerance are not taken in; a halving forgets them all, so that after the API server
+/// shed load its latency at the lower limit becomes the normal). Until commit 96bd872 every
+/// window was taken in, over the last 8: the limit grows by one a window, and a saturated API
+/// server's latency with it, a little a window, so such a ramp never looked twice as slow as
+/// its start, and the limit grew to the max on an API server whose throughput was flat
+/// (BENCHMARKS.md, "Adaptive write limit").
+const RECENT_WINDOWS: usize = 64;
 
 /// What became of a write, as the limiter sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +161,7 @@ impl Limiter {
         self.lowest = self.lowest.min(self.limit);
         self.successes = 0;
         self.latency_sum = Duration::ZERO;
+        self.recent.clear();
         Change::Halved(self.limit)
     }
 
@@ -174,10 +180,15 @@ impl Limiter {
         }
         let mean = self.latency_sum / self.successes as u32;
         let flat = self.recent_minimum().is_none_or(|min| mean.as_secs_f64() <= min.as_secs_f64() * LATENCY_TOLERANCE);
-        if self.recent.len() == RECENT_WINDOWS {
-            self.recent.pop_front();
+        // Only a flat window joins the recent ones: slow windows at a saturated API server
+        // must not age the fast ones out, or a ramp creeps up to the max. A halving forgets
+        // them all, and the latency at the lower limit becomes the normal.
+        if flat {
+            if self.recent.len() == RECENT_WINDOWS {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(mean);
         }
-        self.recent.push_back(mean);
         self.successes = 0;
         self.latency_sum = Duration::ZERO;
         if !flat || self.limit >= self.max {
@@ -410,16 +421,31 @@ mod tests {
             assert_eq!(l.limit(), 17, "no growth at {latency} ms against 10 ms");
         }
         assert_eq!(l.recent_minimum(), Some(10 * MS));
-        // The fast windows are forgotten after RECENT_WINDOWS windows: slow becomes the
-        // normal, and growth resumes once latency is flat against it.
-        let mut slow = 0;
-        while l.limit() == 17 {
+        // Slow windows never become the normal by themselves (they would let a ramp creep up):
+        // a halving forgets the fast ones, and growth resumes once latency is flat against the
+        // latency at the lower limit.
+        for _ in 0..200 {
             window(&mut l, 80 * MS);
-            slow += 1;
-            assert!(slow <= RECENT_WINDOWS, "still no growth after {slow} windows at 80 ms");
         }
-        assert!(slow > 3, "grew after {slow} windows, with 10 ms still among the recent ones");
-        assert_eq!(l.limit(), 18);
+        assert_eq!(l.limit(), 17, "no growth at 80 ms, however long");
+        l.answered(Sent { epoch: l.epoch(), in_flight: 17 }, Answer::Overloaded);
+        assert_eq!((l.limit(), l.recent_minimum()), (8, None));
+        window(&mut l, 80 * MS);
+        window(&mut l, 90 * MS);
+        assert_eq!(l.limit(), 10, "flat against 80 ms now");
+        assert_eq!(l.recent_minimum(), Some(80 * MS));
+    }
+
+    /// A saturated API server: its latency grows with the writes in flight (a little each
+    /// window as the limit grows by one). The limit stops at about twice where latency began.
+    #[test]
+    fn a_slow_ramp_of_latency_stops_the_growth_at_twice_the_starting_latency() {
+        let mut l = Limiter::new(16, 64);
+        for _ in 0..500 {
+            let latency = MS * l.limit() as u32;
+            window(&mut l, latency);
+        }
+        assert!((31..=33).contains(&l.limit()), "grew to {} on a server whose throughput is flat", l.limit());
     }
 
     #[test]
