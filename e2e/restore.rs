@@ -89,6 +89,19 @@ impl Selector for FleetSpec {
     }
 }
 
+/// The report's `writeLimit`: it started at `start`, stayed within [1, `max`], and no more
+/// writes were in flight than it ever let through.
+fn assert_write_limit(report: &Value, start: u64, max: u64) {
+    let limit = &report["writeLimit"];
+    let field = |name: &str| limit[name].as_u64().unwrap_or_else(|| panic!("writeLimit.{name}: {limit}"));
+    assert_eq!((field("start"), field("max")), (start, max), "{limit}");
+    for name in ["final", "lowest", "highest"] {
+        assert!((1..=max).contains(&field(name)), "{name} within [1, {max}]: {limit}");
+    }
+    assert!(field("lowest") <= field("final") && field("final") <= field("highest"), "{limit}");
+    assert!((1..=field("highest")).contains(&field("peakInFlight")), "{limit}");
+}
+
 fn count(report: &Value, verdict: &str) -> u64 {
     report["counts"][verdict].as_u64().unwrap()
 }
@@ -106,6 +119,7 @@ async fn a_moved_fleet_gets_every_status_back_and_a_second_restore_writes_nothin
     assert_eq!(count(&report, "restore"), 100);
     assert!(report["pairing"].as_array().unwrap().is_empty(), "{}", report["pairing"]);
     assert_eq!(report["writes"], 300, "quiesce, status and release: three writes per object");
+    assert_write_limit(&report, 16, 64);
 
     let source = s.source_state().await;
     let target = s.target_state().await;
@@ -562,6 +576,30 @@ async fn every_value_of_the_operators_operation_annotation_is_respected() {
     // Servers already quiesced by the operator's own values: status and restored-from (2 writes);
     // the other Servers and the BMCs: quiesce, status, release (3 writes).
     assert_eq!(report["writes"], 2 * 2 + 2 * 3 + 4 * 3, "{}", report["outcomes"]);
+}
+
+/// F67: `--max-concurrency 1` writes one object's writes at a time, whatever `--concurrency`
+/// says: the limit starts at the max and never leaves 1, and the gate never let a second write
+/// through (`peakInFlight`, counted at the gate over the whole run), while every status comes
+/// back.
+#[tokio::test]
+async fn a_restore_at_max_concurrency_1_writes_one_at_a_time_and_reports_its_limit() {
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(20, 10).await;
+    let report = s.report(&["--max-concurrency", "1"]);
+    assert_eq!(count(&report, "restore"), 50);
+    assert_eq!(report["writes"], 150, "quiesce, status and release: three writes per object");
+    assert_write_limit(&report, 1, 1);
+    let limit = &report["writeLimit"];
+    assert_eq!(
+        (limit["final"].as_u64(), limit["highest"].as_u64(), limit["peakInFlight"].as_u64()),
+        (Some(1), Some(1), Some(1)),
+        "{limit}"
+    );
+    let (source, target) = (s.source_state().await, s.target_state().await);
+    for (name, status) in &source {
+        assert_eq!(&target[name].0, status, "{name} restored");
+    }
 }
 
 /// F50: SIGTERM in the middle of a one-shot restore (the repro: 12 s into a restore of

@@ -12,6 +12,8 @@ pub trait Progress: Send + Sync {
     fn advance(&self, items: u64);
     /// The phase is over.
     fn finish(&self);
+    /// Something to show beside the count until the next note (a restore's write limit).
+    fn note(&self, _note: &str) {}
 }
 
 /// An optional [`Progress`], to carry in options: reports nowhere unless set.
@@ -38,6 +40,12 @@ impl ProgressHook {
     pub fn finish(&self) {
         if let Some(p) = &self.0 {
             p.finish();
+        }
+    }
+
+    pub fn note(&self, note: &str) {
+        if let Some(p) = &self.0 {
+            p.note(note);
         }
     }
 }

@@ -321,7 +321,9 @@ async fn controller(
     // Every write of the controller passes the fence: open only while this instance holds a
     // lease it renewed in time, on a client of the lease's own.
     let fence = Fence::default();
-    let client = k8s::client::fenced_client(g.kubeconfig.as_deref(), g.context.as_deref(), &fence).await?;
+    let write_limit = args.limit.write_limit();
+    let client =
+        k8s::client::fenced_client(g.kubeconfig.as_deref(), g.context.as_deref(), &fence, &write_limit).await?;
     let timing = LeaseTiming { duration: args.lease_duration };
     let lease_client = k8s::client::lease_client(g.kubeconfig.as_deref(), g.context.as_deref(), &timing).await?;
     let role = match args.role {
@@ -345,7 +347,8 @@ async fn controller(
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
         trusted_keys: trusted,
-        concurrency: args.concurrency.max(1),
+        concurrency: args.limit.objects_in_flight(),
+        write_limit: Some(write_limit),
         snapshot_refresh: args.snapshot_refresh,
         snapshot_timeout: args.snapshot_timeout,
         batch_window: Duration::from_millis(50),
@@ -371,7 +374,9 @@ async fn restore(
     args: RestoreArgs,
     trusted: Option<Arc<TrustedKeys>>,
 ) -> Result<()> {
-    let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
+    let profile = Profile::load(&g.profile)?;
+    let write_limit = args.limit.write_limit();
+    let client = k8s::limited_client(g.kubeconfig.as_deref(), g.context.as_deref(), &write_limit).await?;
     let options = RestoreOptions {
         snapshot: args.snapshot,
         force: args.force,
@@ -381,7 +386,8 @@ async fn restore(
         trusted_keys: trusted,
         journal: !args.no_journal,
         at: args.at,
-        concurrency: args.concurrency.max(1),
+        concurrency: args.limit.objects_in_flight(),
+        write_limit: Some(write_limit),
         selector: g.selector.clone(),
         // The changes are shown by a dry run's table and in JSON.
         explain: args.dry_run || matches!(args.output.output, OutputFormat::Json | OutputFormat::Yaml),

@@ -277,9 +277,8 @@ pub struct RestoreArgs {
     /// snapshots onto itself by accident.
     #[arg(long)]
     pub allow_same_cluster: bool,
-    /// Objects written at once.
-    #[arg(long, default_value_t = 16)]
-    pub concurrency: usize,
+    #[command(flatten)]
+    pub limit: LimitArgs,
     /// Restore to this point in time (RFC 3339, e.g. 2026-12-03T10:15:00Z): the newest snapshot
     /// captured at or before it, with the journal segments that end at or before it. Default:
     /// the newest complete point of the newest snapshot's journal.
@@ -290,6 +289,31 @@ pub struct RestoreArgs {
     pub no_journal: bool,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// The adaptive limit on the writes in flight (see `k8s::limit`).
+#[derive(Args, Debug, Clone, Copy)]
+pub struct LimitArgs {
+    /// Writes in flight at the start: the limit then grows by one per window of writes whose
+    /// latency stays flat, and halves when the API server sheds load (429, 503, 504,
+    /// Retry-After). Capped by --max-concurrency.
+    #[arg(long, default_value_t = restatus::k8s::limit::DEFAULT_START)]
+    pub concurrency: usize,
+    /// The most writes ever in flight at once (at least 1; 1 writes one at a time).
+    #[arg(long, default_value_t = restatus::k8s::limit::DEFAULT_MAX)]
+    pub max_concurrency: usize,
+}
+
+impl LimitArgs {
+    /// The limit, starting at --concurrency, never above --max-concurrency.
+    pub fn write_limit(&self) -> restatus::k8s::WriteLimit {
+        restatus::k8s::WriteLimit::new(self.concurrency, self.max_concurrency)
+    }
+
+    /// Objects under way at once above the limit: as many as it may let through.
+    pub fn objects_in_flight(&self) -> usize {
+        self.max_concurrency.max(1)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -344,9 +368,8 @@ pub struct ControllerArgs {
     /// snapshots onto itself by accident.
     #[arg(long)]
     pub allow_same_cluster: bool,
-    /// Objects written at once.
-    #[arg(long, default_value_t = 16)]
-    pub concurrency: usize,
+    #[command(flatten)]
+    pub limit: LimitArgs,
     /// Restore to the snapshot alone: do not read its journal. By default the controller
     /// restores to the newest complete consistent point of the newest snapshot's journal and
     /// reads the segments written since at every --snapshot-refresh.

@@ -17,6 +17,7 @@ pub fn for_stderr(interval: Duration) -> Box<dyn Progress> {
 #[derive(Default)]
 struct Bar {
     bar: Mutex<Option<ProgressBar>>,
+    phase: Mutex<String>,
 }
 
 impl Progress for Bar {
@@ -33,6 +34,9 @@ impl Progress for Bar {
             ),
         };
         bar.set_message(phase.to_string());
+        if let Ok(mut slot) = self.phase.lock() {
+            *slot = phase.to_string();
+        }
         bar.enable_steady_tick(Duration::from_millis(200));
         if let Ok(mut slot) = self.bar.lock() {
             *slot = Some(bar);
@@ -54,6 +58,15 @@ impl Progress for Bar {
             bar.finish_and_clear();
         }
     }
+
+    fn note(&self, note: &str) {
+        let phase = self.phase.lock().map(|p| p.clone()).unwrap_or_default();
+        if let Ok(slot) = self.bar.lock()
+            && let Some(bar) = slot.as_ref()
+        {
+            bar.set_message(format!("{phase} ({note})"));
+        }
+    }
 }
 
 /// Log lines: at most one per interval while items come in, and one at the end.
@@ -68,12 +81,15 @@ struct LogState {
     done: u64,
     started: Instant,
     last: Instant,
+    /// The last note, appended to each line.
+    note: String,
 }
 
 impl LogLines {
     fn new(interval: Duration) -> Self {
         let now = Instant::now();
-        let state = LogState { phase: String::new(), total: None, done: 0, started: now, last: now };
+        let state =
+            LogState { phase: String::new(), total: None, done: 0, started: now, last: now, note: String::new() };
         LogLines { interval, state: Mutex::new(state) }
     }
 }
@@ -93,7 +109,7 @@ impl Progress for LogLines {
     fn start(&self, phase: &str, total: Option<u64>) {
         if let Ok(mut s) = self.state.lock() {
             let now = Instant::now();
-            *s = LogState { phase: phase.to_string(), total, done: 0, started: now, last: now };
+            *s = LogState { phase: phase.to_string(), total, done: 0, started: now, last: now, note: String::new() };
         }
     }
 
@@ -102,14 +118,20 @@ impl Progress for LogLines {
             s.done += items;
             if s.last.elapsed() >= self.interval {
                 s.last = Instant::now();
-                info!("{}", line(&s.phase, s.done, s.total, s.started.elapsed()));
+                info!("{}{}", line(&s.phase, s.done, s.total, s.started.elapsed()), s.note);
             }
         }
     }
 
     fn finish(&self) {
         if let Ok(s) = self.state.lock() {
-            info!("{} (done)", line(&s.phase, s.done, s.total, s.started.elapsed()));
+            info!("{}{} (done)", line(&s.phase, s.done, s.total, s.started.elapsed()), s.note);
+        }
+    }
+
+    fn note(&self, note: &str) {
+        if let Ok(mut s) = self.state.lock() {
+            s.note = format!(", {note}");
         }
     }
 }

@@ -28,7 +28,12 @@ pub struct ControllerOptions {
     pub allow_same_cluster: bool,
     /// Use only snapshots signed by one of these keys.
     pub trusted_keys: Option<Arc<crate::format::TrustedKeys>>,
+    /// Objects reconciled at once (the work queue); their writes pass the client's
+    /// [`ControllerOptions::write_limit`] when it has one (make this its max).
     pub concurrency: usize,
+    /// The adaptive limit the client's writes pass (`k8s::client::fenced_client`), exported
+    /// as `restatus_write_limit`.
+    pub write_limit: Option<crate::k8s::WriteLimit>,
     /// How often to look for a newer snapshot.
     pub snapshot_refresh: Duration,
     /// How long one refresh (listing, manifests, a payload's download) may take: a store that

@@ -34,6 +34,10 @@ pub struct Metrics {
     pub retrying: Gauge,
     /// Watch events waiting for the main loop, each object's newest only.
     pub watch_pending: Gauge,
+    /// The adaptive limit on the writes in flight now (`k8s::limit`), and the times the API
+    /// server shed load and it halved.
+    pub write_limit: Gauge,
+    pub write_limit_halvings: Gauge,
     /// 1 while a kind of the profile cannot be watched (not served, forbidden).
     pub kind_unavailable: Family<KindLabel, Gauge>,
     /// The newest snapshot in the bucket, refreshed by every replica (see `context::export_newest`).
@@ -83,6 +87,18 @@ impl Default for Metrics {
             "Watch events waiting for the controller's main loop (each object's newest only)",
             watch_pending.clone(),
         );
+        let write_limit = Gauge::default();
+        registry.register(
+            "write_limit",
+            "Writes the controller lets be in flight at once now: grows while the API server's latency stays flat, halves when it sheds load",
+            write_limit.clone(),
+        );
+        let write_limit_halvings = Gauge::default();
+        registry.register(
+            "write_limit_halvings",
+            "Times the API server shed the controller's writes (429, 503, 504, Retry-After) and the write limit halved",
+            write_limit_halvings.clone(),
+        );
         let kind_unavailable = Family::<KindLabel, Gauge>::default();
         registry.register(
             "kind_unavailable",
@@ -102,6 +118,8 @@ impl Default for Metrics {
             quiesced,
             retrying,
             watch_pending,
+            write_limit,
+            write_limit_halvings,
             kind_unavailable,
             newest,
         }
@@ -117,7 +135,39 @@ impl Metrics {
         self.kind_unavailable.get_or_create(&KindLabel { kind: kind.to_string() }).set(i64::from(unavailable));
     }
 
+    /// Exports what `limit` is now.
+    pub fn write_limit(&self, limit: &crate::k8s::WriteLimit) {
+        let report = limit.report();
+        self.write_limit.set(report.final_limit as i64);
+        self.write_limit_halvings.set(report.halvings as i64);
+    }
+
     pub fn render(&self) -> String {
         render(&self.registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::WriteLimit;
+
+    /// `/metrics` says where the controller's write limit is, and how often the API server
+    /// shed its writes.
+    #[tokio::test]
+    async fn the_write_limit_and_its_halvings_are_exported() {
+        let metrics = Metrics::default();
+        let limit = WriteLimit::new(16, 64);
+        metrics.write_limit(&limit);
+        let text = metrics.render();
+        assert!(text.contains("restatus_write_limit 16\n"), "{text}");
+        assert!(text.contains("restatus_write_limit_halvings 0\n"), "{text}");
+        let mut permit = limit.acquire().await;
+        permit.answered(http::StatusCode::TOO_MANY_REQUESTS, &http::HeaderMap::new());
+        drop(permit);
+        metrics.write_limit(&limit);
+        let text = metrics.render();
+        assert!(text.contains("restatus_write_limit 8\n"), "{text}");
+        assert!(text.contains("restatus_write_limit_halvings 1\n"), "{text}");
     }
 }

@@ -451,6 +451,7 @@ mod tests {
             allow_same_cluster: false,
             trusted_keys: None,
             concurrency: 1,
+            write_limit: None,
             snapshot_refresh: Duration::from_secs(60),
             snapshot_timeout,
             batch_window: Duration::from_millis(10),

@@ -55,6 +55,10 @@ pub(super) async fn process(
     stopping: &AtomicBool,
 ) -> Vec<(Uid, Result<Done>)> {
     let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
+    let limit = ctx.options.write_limit.as_ref();
+    if let Some(limit) = limit {
+        ctx.metrics.write_limit(limit);
+    }
     let mut results = Vec::with_capacity(dirty.len());
     for kind in kinds {
         let mut uids: Vec<(usize, &Uid, &Instant)> = dirty
@@ -70,7 +74,12 @@ pub(super) async fn process(
                 let snapshot = snapshot.clone();
                 async move {
                     let dirty = Dirty { uid, seen: *seen, failing: retries.contains(uid) };
-                    (uid.clone(), reconcile_uid(ctx, kind, &snapshot, live, dirty).await)
+                    let done = reconcile_uid(ctx, kind, &snapshot, live, dirty).await;
+                    // The limit moves only on the answers to writes: exported as each ends.
+                    if let Some(limit) = limit {
+                        ctx.metrics.write_limit(limit);
+                    }
+                    (uid.clone(), done)
                 }
             })
             .buffer_unordered(ctx.options.concurrency.max(1))

@@ -16,6 +16,7 @@ use tower::{BoxError, Layer, Service};
 
 use crate::domain::identity::Profile;
 use crate::k8s::leader::{Fence, LeaseTiming, NotLeading};
+use crate::k8s::limit::{LimitLayer, WriteLimit};
 use crate::{Error, Result};
 
 /// What restatus calls itself to an API server: `restatus/<version>`.
@@ -27,19 +28,44 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
     Ok(builder.with_layer(&BufferLayer::new(REQUESTS_IN_FLIGHT)).with_layer(&RetryLayer::new(retry_policy())).build())
 }
 
+/// As [`client`], and every write (each try of it) passes `limit` first: at most its current
+/// limit of writes are in flight, and each answer (a 429 the retry layer then retries, too)
+/// tells the limit how the API server copes (see [`crate::k8s::limit`]). The one-shot
+/// restore's client.
+pub async fn limited_client(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+    limit: &WriteLimit,
+) -> Result<kube::Client> {
+    let builder =
+        ClientBuilder::try_from(config(kubeconfig, context).await?).map_err(|e| Error::kube("build client", e))?;
+    Ok(builder
+        .with_layer(&BufferLayer::new(REQUESTS_IN_FLIGHT))
+        .with_layer(&LimitLayer(limit.clone()))
+        .with_layer(&RetryLayer::new(retry_policy()))
+        .build())
+}
+
 /// The controller's client: as [`client`], and every write passes `fence` just before it is
 /// sent, each retry again (a request refused there fails with [`NotLeading`]). Reads (and
 /// watches) pass always. Below that, its connections are driven by a [`FencedExecutor`]: once
 /// the replica led and its lease is over, no connection sends another byte, so a write that
 /// passed the fence just before the process was stopped, and waited in the connection (for a
-/// TLS handshake, say), is never sent after it continues.
-pub async fn fenced_client(kubeconfig: Option<&Path>, context: Option<&str>, fence: &Fence) -> Result<kube::Client> {
+/// TLS handshake, say), is never sent after it continues. Its writes pass `limit`, as
+/// [`limited_client`]'s do.
+pub async fn fenced_client(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+    fence: &Fence,
+    limit: &WriteLimit,
+) -> Result<kube::Client> {
     let config = config(kubeconfig, context).await?;
     let builder =
         ClientBuilder::try_from((config, FencedExecutor(fence.clone()))).map_err(|e| Error::kube("build client", e))?;
     Ok(builder
         .with_layer(&FenceLayer(fence.clone()))
         .with_layer(&BufferLayer::new(REQUESTS_IN_FLIGHT))
+        .with_layer(&LimitLayer(limit.clone()))
         .with_layer(&RetryLayer::new(retry_policy()))
         .build())
 }
@@ -174,7 +200,7 @@ where
 const READ_TIMEOUT: Duration = Duration::from_secs(295);
 
 /// Requests queued for the client's stack before a caller waits; far more than restatus
-/// sends at once (its concurrency, a watch per kind, the lease).
+/// sends at once (its writes' limit, a watch per kind, the lease).
 const REQUESTS_IN_FLIGHT: usize = 1024;
 
 /// Wait before the first retry; the waits double from here.
@@ -332,6 +358,50 @@ mod tests {
             [http::Method::GET, http::Method::PATCH],
             "only the read and the last write"
         );
+    }
+
+    /// F66: the API server sheds a write with 429 and `Retry-After` (API Priority and
+    /// Fairness): the answer reaches the limit below the retry layer, which halves it, and the
+    /// retry then succeeds; reads pass the gate untold.
+    #[tokio::test(start_paused = true)]
+    async fn a_429_with_retry_after_reaching_the_limit_halves_it_and_the_write_is_retried() {
+        use crate::fixtures::{self, api};
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let limit = WriteLimit::new(16, 64);
+        let stack = RetryLayer::new(retry_policy()).layer(LimitLayer(limit.clone()).layer(service));
+        let client = kube::Client::new(stack, "default");
+        let profile = Profile::metal_operator();
+        let kind = profile.kind("Server").unwrap();
+        let object = fixtures::live("Server", "server-1", &[fixtures::uuid("uuid-1")], None);
+        let patch = serde_json::json!({"ignore": "me"});
+        let api_server = tokio::spawn(async move {
+            let mut seen = vec![];
+            // A read first: it says nothing to the limit.
+            seen.push(api::answer(&mut handle, StatusCode::OK, api::server("server-1", None).to_string()).await.0);
+            let (request, send) = handle.next_request().await.expect("the write");
+            seen.push(request.method().clone());
+            let shed =
+                r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429}"#;
+            send.send_response(
+                Response::builder()
+                    .status(StatusCode::TOO_MANY_REQUESTS)
+                    .header("Retry-After", "1")
+                    .header("X-Kubernetes-PF-FlowSchema-UID", "flow")
+                    .body(kube::client::Body::from(shed.as_bytes().to_vec()))
+                    .unwrap(),
+            );
+            seen.push(api::answer(&mut handle, StatusCode::OK, api::server("server-1", None).to_string()).await.0);
+            seen
+        });
+        crate::k8s::get_object(&client, kind, None, "server-1").await.unwrap();
+        assert_eq!(limit.current(), 16, "a read leaves the limit alone");
+        let annotated = crate::k8s::annotate(&client, kind, None, &object.name, None, &patch).await.unwrap();
+        assert_eq!(annotated, crate::k8s::Annotated::Done, "retried after the server's wait, then written");
+        assert_eq!(api_server.await.unwrap(), [http::Method::GET, http::Method::PATCH, http::Method::PATCH]);
+        let report = limit.report();
+        assert_eq!((report.final_limit, report.lowest, report.halvings), (8, 8, 1), "{report:?}");
+        assert_eq!(report.peak_in_flight, 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,9 +1,11 @@
-//! The Kubernetes edge: clients, listing, writing, events and leader election. Every flow
+//! The Kubernetes edge: clients (and the adaptive limit on their writes), listing, writing,
+//! events and leader election. Every flow
 //! reaches the API server through here; nothing in this folder decides anything.
 
 pub mod client;
 pub mod events;
 pub mod leader;
+pub mod limit;
 pub mod list;
 pub mod watch;
 pub mod writer;
@@ -13,7 +15,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::domain::identity::KindProfile;
 
-pub use client::{USER_AGENT, client, cluster_uid, connect};
+pub use client::{USER_AGENT, client, cluster_uid, connect, limited_client};
+pub use limit::{LimitReport, WriteLimit};
 pub use list::{DEFAULT_PAGE_SIZE, LIST_RESTARTS, Page, PageRequest, Pager, list_objects};
 pub use writer::{Annotated, FIELD_MANAGER, Writer, annotate, get_object};
 

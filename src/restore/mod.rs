@@ -28,7 +28,7 @@ use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::pairing::{View, Views, Violation};
 use crate::format::{SnapshotId, TrustedKeys};
-use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, Pager, Writer, list_objects};
+use crate::k8s::{DEFAULT_PAGE_SIZE, LimitReport, PageRequest, Pager, WriteLimit, Writer, list_objects};
 use crate::store::{Accept, Passed, Point, SnapshotStore, choose_snapshot};
 use summary::KindSummary;
 
@@ -51,8 +51,13 @@ pub struct RestoreOptions {
     /// Restore to this point in time (`--at`): the newest base captured at or before it, with
     /// the segments of its journal that end at or before it.
     pub at: Option<Timestamp>,
-    /// Writes in flight at once.
+    /// Objects whose writes are under way at once (the work queue). With a
+    /// [`RestoreOptions::write_limit`], the writes themselves are limited by it; make this its
+    /// max.
     pub concurrency: usize,
+    /// The adaptive limit the client's writes pass (`k8s::limited_client`), reported at the
+    /// end ([`RestoreReport::write_limit`]) and as it changes (the progress's note).
+    pub write_limit: Option<WriteLimit>,
     pub page_size: u32,
     /// Only objects with these labels (a Kubernetes label selector).
     pub selector: Option<String>,
@@ -80,7 +85,8 @@ impl RestoreOptions {
             trusted_keys: None,
             journal: true,
             at: None,
-            concurrency: 16,
+            concurrency: crate::k8s::limit::DEFAULT_START,
+            write_limit: None,
             page_size: DEFAULT_PAGE_SIZE,
             selector: None,
             explain: false,
@@ -106,6 +112,10 @@ pub struct RestoreReport {
     /// API writes issued (status PATCHes and annotation PATCHes; Events not counted).
     pub writes: usize,
     pub pairing: Vec<Violation>,
+    /// What the adaptive limit on the writes in flight did (start, max, final, lowest,
+    /// highest, halvings, peak in flight); absent without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_limit: Option<LimitReport>,
     /// Set when the restore was stopped (a signal) before it was done: what it left undone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped: Option<Stopped>,
@@ -220,6 +230,7 @@ async fn restore(
         writes: 0,
         pairing: vec![],
         plan: RestorePlan { snapshot: manifest.snapshot_id.clone(), items: vec![] },
+        write_limit: None,
         stopped: None,
     };
     let mut tally = Tally { report, views: Views::default() };
@@ -233,6 +244,8 @@ async fn restore(
         explain: opts.explain,
     };
     opts.progress.start("restore", Some(loaded.records.len() as u64));
+    let mut last_limit = None;
+    note_limit(opts, &mut last_limit);
     let mut not_started = 0;
     for kind in opts.profile.kinds.iter().filter(|k| !k.is_denied()) {
         // A stop while the keys are listed: nothing of this kind is quiesced yet.
@@ -257,6 +270,7 @@ async fn restore(
                     .buffer_unordered(opts.concurrency.max(1))
                     .for_each(|(outcome, item)| {
                         applied.add(outcome, &item, opts.explain);
+                        note_limit(opts, &mut last_limit);
                         future::ready(())
                     })
                     .await;
@@ -273,7 +287,8 @@ async fn restore(
         match (records, applied.writes) {
             (0, 0) => debug!(kind = %kind.kind, "no records of this kind in the snapshot"),
             (records, writes) => {
-                info!(kind = %kind.kind, records, writes, elapsed = ?started.elapsed(), "kind restored")
+                let write_limit = opts.write_limit.as_ref().map(WriteLimit::current);
+                info!(kind = %kind.kind, records, writes, write_limit, elapsed = ?started.elapsed(), "kind restored")
             }
         }
         if let Some(writer) = writer.as_ref().filter(|_| !applied.summary.is_empty()) {
@@ -291,9 +306,23 @@ async fn restore(
         warn!(writes = report.writes, not_started, kinds_not_reached = ?stopped.kinds_not_reached,
             "restore stopped: the writes in flight were finished and released; rerun to do the rest");
     }
-    info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done");
+    report.write_limit = opts.write_limit.as_ref().map(WriteLimit::report);
+    match &report.write_limit {
+        Some(l) => info!(writes = report.writes, elapsed = ?started.elapsed(), write_limit = l.final_limit,
+            lowest = l.lowest, highest = l.highest, halvings = l.halvings, peak_in_flight = l.peak_in_flight, "restore done"),
+        None => info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done"),
+    }
     report.pairing = views.check();
     Ok(report)
+}
+
+/// Tells the progress the write limit when it changed since `last`.
+fn note_limit(opts: &RestoreOptions, last: &mut Option<usize>) {
+    let Some(limit) = opts.write_limit.as_ref().map(WriteLimit::current) else { return };
+    if *last != Some(limit) {
+        *last = Some(limit);
+        opts.progress.note(&format!("write limit {limit}"));
+    }
 }
 
 /// The digests of every key the live objects of `kind` carry, and how many carry each.
@@ -465,6 +494,7 @@ mod tests {
             outcomes: vec![],
             writes: 0,
             pairing: vec![],
+            write_limit: None,
             stopped: None,
         };
         let mut tally = Tally { report, views: Views::default() };
