@@ -205,6 +205,20 @@ async fn main() {
             arrival_cpu.0 + restore_cpu.0,
             arrival_cpu.1 + restore_cpu.1
         );
+        // How often objects were planned, by verdict: more than the fleet means objects planned
+        // again (held ones woken, retries).
+        let metrics = get(controller.port, "/metrics").unwrap_or_default();
+        let decisions: Vec<String> = metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("restatus_decisions_total{verdict=\""))
+            .filter_map(|l| l.split_once("\"} "))
+            .map(|(verdict, count)| format!("{verdict} {count}"))
+            .collect();
+        println!(
+            "  controller decisions: {} (objects {total}), errors {}",
+            decisions.join(", "),
+            metric(&metrics, "restatus_errors_total")
+        );
         println!("ratio controller / one-shot: {:.2}", after.as_secs_f64() / once_wall.as_secs_f64());
         rows.push((n, run, once_wall, once_rss, median, after, peak));
         drop(controller);
