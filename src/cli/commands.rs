@@ -436,7 +436,7 @@ async fn restore(
     let why = match &closed {
         // A dry run's reader that has seen enough (`| head`): nothing was to be done.
         Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe && report.dry_run => return Ok(()),
-        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => "stdout closed".to_string(),
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => "a closed stdout (its reader is gone)".to_string(),
         Some(e) => format!("a failed write to stdout ({e})"),
         None => "a signal".into(),
     };
