@@ -10,6 +10,12 @@ pub fn env(name: &str) -> String {
 
 /// Runs `restatus ARGS` under /usr/bin/time: wall time and peak RSS (KiB).
 pub fn timed(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64) {
+    let (took, rss, _) = timed_output(args, storage, cluster);
+    (took, rss)
+}
+
+/// [`timed`], with what restatus printed on stdout.
+pub fn timed_output(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64, Vec<u8>) {
     let started = Instant::now();
     let out = Command::new("/usr/bin/time")
         .args(["-f", "%M", env!("CARGO_BIN_EXE_restatus")])
@@ -22,7 +28,8 @@ pub fn timed(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64) {
     let elapsed = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "restatus {args:?} failed: {stderr}");
-    (elapsed, stderr.lines().last().and_then(|l| l.trim().parse().ok()).expect("peak RSS from /usr/bin/time"))
+    let rss = stderr.lines().last().and_then(|l| l.trim().parse().ok()).expect("peak RSS from /usr/bin/time");
+    (elapsed, rss, out.stdout)
 }
 
 pub fn rss_kib(pid: u32) -> u64 {

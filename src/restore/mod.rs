@@ -638,7 +638,7 @@ mod tests {
         drop(client);
         server.await.unwrap();
 
-        let lines = lines.lock().unwrap();
+        let lines = std::mem::take(&mut *lines.lock().unwrap());
         let verdicts: BTreeMap<String, Verdict> = lines
             .iter()
             .map(|l| {
