@@ -169,7 +169,9 @@ async fn main() {
     let Row { n, cluster, selector, .. } = rows.last().cloned().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
-        .args(["controller", "--kubeconfig", &source, "--selector", &selector, "--snapshot-refresh", "5s"])
+        // It restores onto the cluster it backed up.
+        .args(["controller", "--allow-same-cluster", "--kubeconfig", &source, "--selector", &selector])
+        .args(["--snapshot-refresh", "5s"])
         .args(["--lease-namespace", "default", "--lease-name", "restatus-scale-bench"])
         .args(["--http-addr", &format!("127.0.0.1:{port}")])
         .env("RESTATUS_STORAGE", &storage)

@@ -93,7 +93,7 @@ impl RestoreLine<'_> {
         match serde_json::to_string(self) {
             Ok(line) => line + "\n",
             // Plain data (strings, numbers, maps with string keys) always serializes.
-            Err(e) => format!("{{\"type\":\"error\",\"error\":{:?}}}\n", e.to_string()),
+            Err(e) => serde_json::json!({"type": "error", "error": e.to_string()}).to_string() + "\n",
         }
     }
 }
