@@ -19,6 +19,8 @@
 //! `BENCH_ARRIVAL_RUNS` times (default 1) on fresh fleets, and the ratio's min, median and max
 //! close the output.
 
+// Only a part of it: no restore output here.
+#[allow(dead_code)]
 mod support;
 
 use std::path::Path;

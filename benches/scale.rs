@@ -3,7 +3,10 @@
 //! of the bench test bed), peak RSS and wall time of `restatus backup` against a bare
 //! paginated LIST of the same objects, then peak RSS and wall time of `restatus restore` of
 //! that snapshot onto the same objects (every status already equal: the whole read, verify,
-//! list and plan path, no writes), and at the largest size the restore controller's RSS,
+//! list and plan path, no writes), peak RSS of `restatus restore --dry-run` with `-o json`
+//! (one document: every object held) and with `-o jsonl` (every object streamed, none held;
+//! issue 22's goal: at 100k within 1.2 times the 10k figure), and at the largest size the
+//! restore controller's RSS,
 //! sampled every second, while it holds every object and record through three new snapshots.
 //! Per-record costs are the differences between sizes. The Servers are written straight into
 //! the source's etcd (`restatus::fleet::etcd`, bench-only), each size's increment just before
@@ -22,7 +25,31 @@ use restatus::fleet::etcd::{EtcdTarget, load_servers, wait_listed};
 use restatus::fleet::{FLEET_LABEL, FleetSpec};
 use restatus::k8s::PageRequest;
 use restatus::k8s::list::{ListPage, fetch_page};
-use support::{Controller, env, get, metric, rss_kib, timed};
+use support::{Controller, env, get, metric, rss_kib, timed, timed_output};
+
+/// The figures of one fleet size.
+#[derive(Clone)]
+struct Row {
+    n: usize,
+    backup: Duration,
+    list: Duration,
+    backup_rss: u64,
+    restore_time: Duration,
+    restore_rss: u64,
+    /// `restore --dry-run -o json`, `restore --dry-run -o jsonl`: peak RSS, and the latter's time.
+    dry_json_rss: u64,
+    dry_jsonl_rss: u64,
+    dry_jsonl_time: Duration,
+    cluster: String,
+    selector: String,
+}
+
+/// A dry run of the restore with `-o format`: wall time, peak RSS and stdout's lines.
+fn dry_run(format: &str, servers_only: &[&str], storage: &str, cluster: &str) -> (Duration, u64, usize) {
+    let args = [&["restore", "--allow-same-cluster", "--dry-run", "-o", format][..], servers_only].concat();
+    let (took, rss, out) = timed_output(&args, storage, cluster);
+    (took, rss, out.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count())
+}
 
 /// A bare paginated LIST of the selected Servers; returns the objects listed.
 async fn bare_list(client: &kube::Client, selector: &str) -> usize {
@@ -104,7 +131,12 @@ async fn main() {
             bare_list(&client, &selector).await;
             lists.push(t.elapsed());
         }
-        let (restore_time, restore_rss) = timed(&[&["restore"][..], &servers_only[..]].concat(), &storage, &cluster);
+        // The bench restores onto the cluster it backed up.
+        let restore = [&["restore", "--allow-same-cluster"][..], &servers_only[..]].concat();
+        let (restore_time, restore_rss) = timed(&restore, &storage, &cluster);
+        let (_, dry_json_rss, _) = dry_run("json", &servers_only, &storage, &cluster);
+        let (dry_jsonl_time, dry_jsonl_rss, lines) = dry_run("jsonl", &servers_only, &storage, &cluster);
+        assert_eq!(lines, n + 1, "restore --dry-run -o jsonl: a line per Server and the summary");
         let backup: Duration = backups.iter().sum::<Duration>() / 2;
         let list: Duration = lists.iter().sum::<Duration>() / 2;
         println!(
@@ -116,14 +148,32 @@ async fn main() {
             restore_time.as_secs_f64(),
             restore_rss
         );
-        rows.push((n, backup, list, backup_rss, restore_time, restore_rss, cluster, selector));
+        println!(
+            "{n:>7} Servers: restore --dry-run peak RSS -o json {dry_json_rss} KiB, -o jsonl {dry_jsonl_rss} KiB ({:.1} s)",
+            dry_jsonl_time.as_secs_f64()
+        );
+        rows.push(Row {
+            n,
+            backup,
+            list,
+            backup_rss,
+            restore_time,
+            restore_rss,
+            dry_json_rss,
+            dry_jsonl_rss,
+            dry_jsonl_time,
+            cluster,
+            selector,
+        });
     }
 
     // The controller at the largest size: every object and record held, three new snapshots.
-    let (n, _, _, _, _, _, cluster, selector) = rows.last().cloned().unwrap();
+    let Row { n, cluster, selector, .. } = rows.last().cloned().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
-        .args(["controller", "--kubeconfig", &source, "--selector", &selector, "--snapshot-refresh", "5s"])
+        // It restores onto the cluster it backed up.
+        .args(["controller", "--allow-same-cluster", "--kubeconfig", &source, "--selector", &selector])
+        .args(["--snapshot-refresh", "5s"])
         .args(["--lease-namespace", "default", "--lease-name", "restatus-scale-bench"])
         .args(["--http-addr", &format!("127.0.0.1:{port}")])
         .env("RESTATUS_STORAGE", &storage)
@@ -147,43 +197,64 @@ async fn main() {
         println!("controller, refresh {round}: every object decided again; peak RSS {peak} KiB");
     }
     println!();
-    println!("| Servers (records) | backup / bare LIST | backup peak RSS | restore peak RSS | restore wall time |");
-    println!("|---|---|---|---|---|");
-    for (n, backup, list, backup_rss, restore_time, restore_rss, _, _) in &rows {
+    println!(
+        "| Servers (records) | backup / bare LIST | backup peak RSS | restore peak RSS | restore wall time \
+         | dry run -o json peak RSS | dry run -o jsonl peak RSS | dry run -o jsonl wall time |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
         println!(
-            "| {n} | {:.3} | {:.1} MiB | {:.1} MiB | {:.1} s |",
-            backup.as_secs_f64() / list.as_secs_f64(),
-            *backup_rss as f64 / 1024.0,
-            *restore_rss as f64 / 1024.0,
-            restore_time.as_secs_f64()
+            "| {} | {:.3} | {:.1} MiB | {:.1} MiB | {:.1} s | {:.1} MiB | {:.1} MiB | {:.1} s |",
+            r.n,
+            r.backup.as_secs_f64() / r.list.as_secs_f64(),
+            r.backup_rss as f64 / 1024.0,
+            r.restore_rss as f64 / 1024.0,
+            r.restore_time.as_secs_f64(),
+            r.dry_json_rss as f64 / 1024.0,
+            r.dry_jsonl_rss as f64 / 1024.0,
+            r.dry_jsonl_time.as_secs_f64()
         );
     }
-    if let [(n0, .., r0, _, _), .., (n1, .., r1, _, _)] = rows.as_slice() {
-        let per_record = (*r1 as f64 - *r0 as f64) * 1024.0 / (*n1 as f64 - *n0 as f64);
+    if let [first, .., last] = rows.as_slice() {
+        let (n0, r0, n1, r1) = (first.n, first.restore_rss, last.n, last.restore_rss);
+        let per_record = (r1 as f64 - r0 as f64) * 1024.0 / (n1 as f64 - n0 as f64);
         println!("restore: {per_record:.0} bytes of peak RSS per record between {n0} and {n1}");
-        if *n1 < 100_000 {
+        if n1 < 100_000 {
             println!(
                 "restore, extrapolated to 100k records: {:.1} MiB",
-                (*r1 as f64 * 1024.0 + per_record * (100_000.0 - *n1 as f64)) / 1024.0 / 1024.0
+                (r1 as f64 * 1024.0 + per_record * (100_000.0 - n1 as f64)) / 1024.0 / 1024.0
             );
+        }
+        for (what, r0, r1) in
+            [("-o json", first.dry_json_rss, last.dry_json_rss), ("-o jsonl", first.dry_jsonl_rss, last.dry_jsonl_rss)]
+        {
+            let per_record = (r1 as f64 - r0 as f64) * 1024.0 / (n1 as f64 - n0 as f64);
+            println!("restore --dry-run {what}: {per_record:.0} bytes of peak RSS per record between {n0} and {n1}");
         }
     }
     // Issue 12's goals: restore peak RSS at 100k against 10k (<= 1.5), backup / bare LIST and
     // backup RSS at 100k.
+    // Issue 22's: a dry run streaming its lines at 100k against 10k (<= 1.2).
     if let (Some(near10k), Some(largest)) =
-        (rows.iter().min_by_key(|r| r.0.abs_diff(10_000)), rows.iter().max_by_key(|r| r.0))
-        && largest.0 != near10k.0
+        (rows.iter().min_by_key(|r| r.n.abs_diff(10_000)), rows.iter().max_by_key(|r| r.n))
+        && largest.n != near10k.n
     {
-        println!(
-            "restore peak RSS, {} records / {} records: {:.1} MiB / {:.1} MiB = {:.2}",
-            largest.0,
-            near10k.0,
-            largest.5 as f64 / 1024.0,
-            near10k.5 as f64 / 1024.0,
-            largest.5 as f64 / near10k.5 as f64
-        );
+        for (what, large, near) in [
+            ("restore", largest.restore_rss, near10k.restore_rss),
+            ("restore --dry-run -o json", largest.dry_json_rss, near10k.dry_json_rss),
+            ("restore --dry-run -o jsonl", largest.dry_jsonl_rss, near10k.dry_jsonl_rss),
+        ] {
+            println!(
+                "{what} peak RSS, {} records / {} records: {:.1} MiB / {:.1} MiB = {:.2}",
+                largest.n,
+                near10k.n,
+                large as f64 / 1024.0,
+                near as f64 / 1024.0,
+                large as f64 / near as f64
+            );
+        }
     }
-    if let Some((n, backup, list, backup_rss, ..)) = rows.iter().max_by_key(|r| r.0) {
+    if let Some(Row { n, backup, list, backup_rss, .. }) = rows.iter().max_by_key(|r| r.n) {
         println!(
             "backup, {n} Servers: {:.1} s / bare LIST {:.1} s = {:.3}, peak RSS {:.1} MiB",
             backup.as_secs_f64(),

@@ -903,3 +903,117 @@ async fn encrypted_snapshots_hold_no_readable_status_and_restore_only_with_the_k
     let out = snapshots(&["verify", &sealed, "--decryption-key", &key]);
     assert_success(&out, "verify with the key");
 }
+
+/// `restore -o jsonl` with `extra` arguments: its lines, each parsed.
+fn jsonl(s: &Scenario, extra: &[&str]) -> Vec<Value> {
+    let selector = s.spec.selector();
+    let mut args = vec!["restore", "--selector", &selector, "-o", "jsonl"];
+    args.extend(extra);
+    let out = s.bed.restatus_with(&s.bed.target_kubeconfig, &s.storage, &s.cluster, &args, &[]);
+    assert_success(&out, "restore -o jsonl");
+    stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("a line that is not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// The object lines and the summary of a jsonl output, checked against each other: the
+/// summary last and only there, one object line per object (no object twice), the verdicts
+/// counted as the summary counts them.
+fn lines_and_summary(lines: &[Value]) -> (&[Value], &Value) {
+    let (summary, objects) = lines.split_last().expect("at least the summary line");
+    assert_eq!(summary["type"], "summary", "the last line is the summary: {summary}");
+    assert!(summary.get("plan").is_none() && summary.get("outcomes").is_none(), "{summary}");
+    assert!(objects.iter().all(|l| l["type"] == "object"), "one summary, last");
+    assert_eq!(summary["objects"].as_u64(), Some(objects.len() as u64), "one line per object");
+    let names: std::collections::BTreeSet<String> =
+        objects.iter().map(|l| format!("{}/{}", l["kind"], l["target"]["name"])).collect();
+    assert_eq!(names.len(), objects.len(), "no object twice");
+    for (verdict, n) in summary["counts"].as_object().unwrap() {
+        let lines = objects.iter().filter(|l| l["verdict"] == verdict.as_str()).count();
+        assert_eq!(n.as_u64(), Some(lines as u64), "{verdict}");
+    }
+    (objects, summary)
+}
+
+/// Issue 22, item 2: `restore --dry-run -o jsonl` and `restore -o jsonl` stream one line per
+/// object (the dry run's with the fields each restore changes, the restore's with what its
+/// writes did) and a summary line last that counts them.
+#[tokio::test]
+async fn jsonl_streams_one_line_per_object_and_a_summary_last() {
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(6, 3).await;
+    let dry = jsonl(&s, &["--dry-run"]);
+    let (objects, summary) = lines_and_summary(&dry);
+    assert_eq!(objects.len(), 15, "6 BMCs, 6 Servers, 3 claims");
+    assert_eq!(
+        (summary["dryRun"].clone(), summary["writes"].clone(), summary["ok"].clone()),
+        (json!(true), json!(0), json!(true))
+    );
+    assert_eq!(summary["counts"]["restore"], 15);
+    assert!(objects.iter().all(|l| l.get("outcome").is_none()), "a dry run writes nothing");
+    assert!(objects.iter().all(|l| l["changes"].as_array().is_some_and(|c| !c.is_empty())), "each restore's changes");
+    assert!(s.target_state().await.values().all(|(status, _)| status.is_null()), "nothing written");
+
+    let real = jsonl(&s, &[]);
+    let (objects, summary) = lines_and_summary(&real);
+    assert_eq!(objects.len(), 15);
+    assert_eq!(
+        (summary["dryRun"].clone(), summary["ok"].clone(), summary["failed"].clone()),
+        (json!(false), json!(true), json!(0))
+    );
+    let writes: u64 = objects
+        .iter()
+        .map(|l| {
+            let outcome = &l["outcome"];
+            assert!(outcome.get("error").is_none(), "{l}");
+            assert_eq!(outcome["verdict"], "restore", "{l}");
+            outcome["writes"].as_u64().expect("each restore is written")
+        })
+        .sum();
+    assert_eq!(summary["writes"].as_u64(), Some(writes), "the summary's writes are the lines'");
+    assert_eq!(writes, 45, "quiesce, status and release");
+    let (source, target) = (s.source_state().await, s.target_state().await);
+    for (name, status) in &source {
+        assert_eq!(&target[name].0, status, "{name}");
+    }
+}
+
+/// F110: the reader of `restore -o jsonl` goes away (`| head -1`). A real restore stops as on
+/// a signal: what it started is finished and released, it says so on stderr and exits 1. A dry
+/// run's reader that has seen enough: exit 0. Neither panics.
+#[tokio::test]
+async fn a_closed_stdout_stops_a_jsonl_restore_cleanly() {
+    use std::io::BufRead;
+    let _target = TARGET.read().await;
+    let s = Scenario::moved(60, 0).await;
+    let first_line_then_close = |extra: &[&str]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_restatus"))
+            .args(["restore", "--concurrency", "1", "--selector", &s.spec.selector(), "-o", "jsonl", "--kubeconfig"])
+            .arg(&s.bed.target_kubeconfig)
+            .args(extra)
+            .env("RESTATUS_STORAGE", &s.storage)
+            .env("RESTATUS_CLUSTER_ID", &s.cluster)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        // The reader is dropped: the pipe is closed.
+        let out = child.wait_with_output().unwrap();
+        let line: Value = serde_json::from_str(&first).expect("the first line");
+        assert_eq!(line["type"], "object");
+        out
+    };
+    let dry = first_line_then_close(&["--dry-run"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    assert!(!stderr(&dry).contains("panicked"), "{}", stderr(&dry));
+
+    let out = first_line_then_close(&[]);
+    let message = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{message}");
+    assert!(!message.contains("panicked"), "{message}");
+    assert!(message.contains("restore stopped by a closed stdout"), "{message}");
+    assert_stopped_cleanly(&s.target_state().await);
+}

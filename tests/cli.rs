@@ -299,3 +299,29 @@ async fn snapshots_show_and_diff_read_the_journal_to_a_point() {
     let zero = restatus(&storage, &["journal", "--max-segments", "0"], &[]);
     assert_eq!(zero.status.code(), Some(2), "{}", text(&zero.stderr));
 }
+
+/// B36: `-o jsonl` is a restore's only (it streams one line per object); every other command
+/// refuses it as a usage error, exit 2, naming the formats it takes. The restore takes it.
+#[test]
+fn only_a_restore_takes_jsonl() {
+    for args in [
+        &["snapshots", "list", "-o", "jsonl"][..],
+        &["backup", "-o", "jsonl"],
+        &["preflight", "-o", "jsonl"],
+        &["snapshots", "verify", "x", "-o", "jsonl"],
+    ] {
+        let out = restatus("memory://", args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("invalid value 'jsonl'") && stderr.contains("[possible values: table, json, yaml]"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let help = restatus("memory://", &["restore", "--help"], &[]);
+    assert!(text(&help.stdout).contains("jsonl"), "{}", text(&help.stdout));
+    // Parsed, then refused for want of a cluster (exit 1), not as a usage error.
+    let out = restatus("memory://", &["restore", "-o", "jsonl", "--kubeconfig", "/nonexistent"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty(), "nothing on stdout: {}", text(&out.stdout));
+}

@@ -10,12 +10,24 @@ pub fn env(name: &str) -> String {
 
 /// Runs `restatus ARGS` under /usr/bin/time: wall time and peak RSS (KiB).
 pub fn timed(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64) {
-    let (elapsed, rss, _) = timed_cpu(args, storage, cluster);
+    let (elapsed, rss, _, _) = run_timed(args, storage, cluster);
     (elapsed, rss)
 }
 
 /// As [`timed`], and the CPU seconds (user + system) restatus used.
 pub fn timed_cpu(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64, f64) {
+    let (elapsed, rss, cpu, _) = run_timed(args, storage, cluster);
+    (elapsed, rss, cpu)
+}
+
+/// [`timed`], with what restatus printed on stdout.
+pub fn timed_output(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64, Vec<u8>) {
+    let (elapsed, rss, _, stdout) = run_timed(args, storage, cluster);
+    (elapsed, rss, stdout)
+}
+
+/// Wall time, peak RSS (KiB), CPU seconds and stdout of `restatus ARGS`.
+fn run_timed(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64, f64, Vec<u8>) {
     let started = Instant::now();
     let out = Command::new("/usr/bin/time")
         .args(["-f", "%U %S\n%M", env!("CARGO_BIN_EXE_restatus")])
@@ -31,7 +43,7 @@ pub fn timed_cpu(args: &[&str], storage: &str, cluster: &str) -> (Duration, u64,
     let mut last = stderr.lines().rev();
     let rss = last.next().and_then(|l| l.trim().parse().ok()).expect("peak RSS from /usr/bin/time");
     let cpu = last.next().map_or(0.0, |l| l.split_whitespace().filter_map(|t| t.parse::<f64>().ok()).sum());
-    (elapsed, rss, cpu)
+    (elapsed, rss, cpu, out.stdout)
 }
 
 /// CPU seconds (user + system) a process has used so far (0 once it is gone).

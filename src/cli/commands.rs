@@ -30,7 +30,7 @@ use super::output::{self, OutputFormat};
 use super::progress;
 use super::{
     BackupArgs, Cli, Command, ControllerArgs, EncryptionArgs, Global, KeysCommand, OutputArgs, PointArgs,
-    PreflightArgs, RestoreArgs, Role, SigningArgs, SnapshotsCommand,
+    PreflightArgs, RestoreArgs, RestoreFormat, Role, SigningArgs, SnapshotsCommand,
 };
 
 /// Runs one command; the exit code for commands that have more than success and failure.
@@ -377,6 +377,22 @@ async fn restore(
     let profile = Profile::load(&g.profile)?;
     let write_limit = args.limit.write_limit();
     let client = k8s::limited_client(g.kubeconfig.as_deref(), g.context.as_deref(), &write_limit).await?;
+    let format = args.output.output;
+    // `jsonl` and a dry run's table print each object as it comes, and the report holds none.
+    let stream = match (format, args.dry_run) {
+        (RestoreFormat::Jsonl, _) | (RestoreFormat::Table, true) => Some(Arc::new(output::Stream::stdout())),
+        _ => None,
+    };
+    let sink = stream.clone().map(|stream| {
+        let header = std::sync::Once::new();
+        restore::Sink::new(move |line| match format {
+            RestoreFormat::Jsonl => stream.write(&output::RestoreLine::Object(&line).text()),
+            _ => {
+                header.call_once(|| stream.write(&output::plan_table_header()));
+                stream.write(&output::plan_table_rows(&line.item));
+            }
+        })
+    });
     let options = RestoreOptions {
         snapshot: args.snapshot,
         force: args.force,
@@ -390,7 +406,8 @@ async fn restore(
         write_limit: Some(write_limit),
         selector: g.selector.clone(),
         // The changes are shown by a dry run's table and in JSON.
-        explain: args.dry_run || matches!(args.output.output, OutputFormat::Json | OutputFormat::Yaml),
+        explain: args.dry_run || format != RestoreFormat::Table,
+        sink,
         ..RestoreOptions::new(profile)
     };
     let options =
@@ -398,21 +415,51 @@ async fn restore(
     if options.force {
         warn!("--force: live statuses that moved on after the snapshot will be overwritten");
     }
-    let report = restore::run_until(&client, store, &options, shutdown_signal()).await.context("restore failed")?;
-    output::emit(args.output.output, &report, || {
-        output::plan_table(&report.plan, options.dry_run) + &output::restore_summary(&report)
-    })?;
+    // A reader gone (a closed pipe) stops the restore as a signal does: nobody reads on.
+    let closed = stream.as_ref().map(|s| s.closed());
+    let stop = async move {
+        match closed {
+            Some(closed) => tokio::select! { _ = shutdown_signal() => {}, _ = closed => {} },
+            None => shutdown_signal().await,
+        }
+    };
+    let report = restore::run_until(&client, store, &options, stop).await.context("restore failed")?;
+    if let Some(stream) = &stream {
+        if format == RestoreFormat::Jsonl {
+            stream.write(&output::RestoreLine::Summary(report.summary()).text());
+        } else {
+            if report.counts.values().sum::<usize>() == 0 {
+                stream.write(&output::plan_table_header());
+            }
+            stream.write(&output::restore_summary(&report));
+        }
+    } else if let Some(document) = format.document() {
+        output::emit(document, &report, || {
+            output::plan_table(&report.plan, options.dry_run) + &output::restore_summary(&report)
+        })?;
+    }
+    let closed = stream.as_ref().and_then(|s| s.error());
+    let why = match &closed {
+        // A dry run's reader that has seen enough (`| head`): nothing was to be done.
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe && report.dry_run => return Ok(()),
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => "a closed stdout (its reader is gone)".to_string(),
+        Some(e) => format!("a failed write to stdout ({e})"),
+        None => "a signal".into(),
+    };
     if let Some(stopped) = &report.stopped {
         let kinds = match stopped.kinds_not_reached.as_slice() {
             [] => String::new(),
             kinds => format!(", kinds not reached: {}", kinds.join(", ")),
         };
         bail!(
-            "restore stopped by a signal after {} writes: the objects it had started are finished and \
+            "restore stopped by {why} after {} writes: the objects it had started are finished and \
              released, {} planned objects not started{kinds}; rerun to finish",
             report.writes,
             stopped.writes_not_started
         );
+    }
+    if let Some(e) = closed.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
+        bail!("cannot write to stdout: {e}");
     }
     if !report.ok() {
         bail!(

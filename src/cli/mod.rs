@@ -288,7 +288,39 @@ pub struct RestoreArgs {
     #[arg(long, conflicts_with = "at")]
     pub no_journal: bool,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub output: RestoreOutputArgs,
+}
+
+/// A restore's `-o`: the formats of [`OutputArgs`], and `jsonl`, which only a restore can
+/// stream (every other command refuses it as a usage error).
+#[derive(Args)]
+pub struct RestoreOutputArgs {
+    /// `table` for people (a dry run's rows as the objects are decided, the summary last);
+    /// `json` (one pretty-printed document) or `yaml` (one document) on stdout for programs;
+    /// `jsonl`: one JSON line per object as soon as it is decided or written, a summary line
+    /// last, so that its memory does not grow with the fleet (docs/RESTORE.md).
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: RestoreFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestoreFormat {
+    Table,
+    Json,
+    Yaml,
+    Jsonl,
+}
+
+impl RestoreFormat {
+    /// The one-document format, or `None` for `jsonl`.
+    pub fn document(self) -> Option<OutputFormat> {
+        match self {
+            RestoreFormat::Table => Some(OutputFormat::Table),
+            RestoreFormat::Json => Some(OutputFormat::Json),
+            RestoreFormat::Yaml => Some(OutputFormat::Yaml),
+            RestoreFormat::Jsonl => None,
+        }
+    }
 }
 
 /// The adaptive limit on the writes in flight (see `k8s::limit`).

@@ -1,11 +1,14 @@
 //! What the CLI prints: snapshot listings and verification results, as tables, JSON or YAML.
 
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex};
+
 use serde::Serialize;
 
 use jiff::Timestamp;
 use restatus::format::{Manifest, ObjectRef, TrustedKeys, is_ahead_of};
 use restatus::moving::preflight::PreflightReport;
-use restatus::restore::{RestorePlan, RestoreReport};
+use restatus::restore::{ObjectLine, PlanItem, RestorePlan, RestoreReport, RestoreSummary};
 use restatus::store::journal::JournalListing;
 use restatus::store::{SnapshotEntry, SnapshotStore};
 
@@ -16,14 +19,83 @@ pub enum OutputFormat {
     Yaml,
 }
 
-/// Prints `value` as pretty JSON or YAML, or `table()` for a person.
+/// Prints `value` as pretty JSON or YAML, or `table()` for a person. A reader gone before the
+/// end (a closed pipe: `| head`) is no error; any other failed write is.
 pub fn emit<T: Serialize>(format: OutputFormat, value: &T, table: impl FnOnce() -> String) -> anyhow::Result<()> {
-    match format {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(value)?),
-        OutputFormat::Yaml => print!("{}", yaml(value)?),
-        OutputFormat::Table => print!("{}", table()),
+    let text = match format {
+        OutputFormat::Json => serde_json::to_string_pretty(value)? + "\n",
+        OutputFormat::Yaml => yaml(value)?,
+        OutputFormat::Table => table(),
+    };
+    let mut stdout = io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(anyhow::anyhow!("cannot write to stdout: {e}")),
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+/// Lines written as they come (a streamed restore's): each line is written and flushed at
+/// once, so a reader sees an object as soon as the restore decides it. The first write that
+/// fails (the reader is gone: `| head -1`; a full disk) ends the writing: the later lines are
+/// dropped, and [`Stream::closed`] completes, for the restore to stop.
+pub struct Stream {
+    out: Mutex<Box<dyn Write + Send>>,
+    error: Mutex<Option<io::Error>>,
+    closed: Arc<tokio::sync::Notify>,
+}
+
+impl Stream {
+    pub fn new(out: impl Write + Send + 'static) -> Self {
+        Stream { out: Mutex::new(Box::new(out)), error: Mutex::new(None), closed: Default::default() }
+    }
+
+    pub fn stdout() -> Self {
+        Stream::new(io::stdout())
+    }
+
+    /// Writes `text` (whole lines) and flushes it, unless a write failed before.
+    pub fn write(&self, text: &str) {
+        let mut error = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        if error.is_some() {
+            return;
+        }
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+            *error = Some(e);
+            self.closed.notify_one();
+        }
+    }
+
+    /// Completes once a write has failed.
+    pub fn closed(&self) -> impl Future<Output = ()> + Send + 'static {
+        let closed = self.closed.clone();
+        async move { closed.notified().await }
+    }
+
+    /// Why the writing ended, if it did.
+    pub fn error(&self) -> Option<io::Error> {
+        let error = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        error.as_ref().map(|e| io::Error::new(e.kind(), e.to_string()))
+    }
+}
+
+/// A line of `restore -o jsonl` (docs/RESTORE.md): an object, or the closing summary.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum RestoreLine<'a> {
+    Object(&'a ObjectLine),
+    Summary(RestoreSummary<'a>),
+}
+
+impl RestoreLine<'_> {
+    /// The line, with its newline.
+    pub fn text(&self) -> String {
+        match serde_json::to_string(self) {
+            Ok(line) => line + "\n",
+            // Plain data (strings, numbers, maps with string keys) always serializes.
+            Err(e) => serde_json::json!({"type": "error", "error": e.to_string()}).to_string() + "\n",
+        }
+    }
 }
 
 pub fn yaml<T: Serialize>(value: &T) -> anyhow::Result<String> {
@@ -692,37 +764,56 @@ pub fn human_bytes(n: u64) -> String {
     if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
-/// A restore plan as a table; with `changes`, each restore is followed by its status diff.
-pub fn plan_table(plan: &RestorePlan, changes: bool) -> String {
+const PLAN_HEADERS: [&str; 6] = ["KIND", "TARGET", "SOURCE", "KEY", "VERDICT", "REASON"];
+
+/// The columns of a streamed plan table: its rows are printed before the widest is known. A
+/// longer cell pushes the rest of its row to the right.
+const PLAN_WIDTHS: [usize; 6] = [11, 30, 30, 52, 17, 0];
+
+/// An item's rows: itself, then with `changes` its status diff, one field a row.
+fn plan_rows(item: &PlanItem, changes: bool) -> Vec<Vec<String>> {
     let name = |o: &Option<ObjectRef>| {
         o.as_ref()
             .map(|o| o.namespace.as_ref().map_or(o.name.clone(), |ns| format!("{ns}/{}", o.name)))
             .unwrap_or_default()
     };
-    let mut rows = Vec::new();
-    for item in &plan.items {
-        rows.push(vec![
-            item.kind.clone(),
-            name(&item.target),
-            name(&item.source),
-            item.key.clone().unwrap_or_default(),
-            item.verdict.to_string(),
-            item.reason.clone(),
-        ]);
-        if changes {
-            for change in &item.changes {
-                rows.push(vec![
-                    String::new(),
-                    format!("  {change}"),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                ]);
-            }
+    let mut rows = vec![vec![
+        item.kind.clone(),
+        name(&item.target),
+        name(&item.source),
+        item.key.clone().unwrap_or_default(),
+        item.verdict.to_string(),
+        item.reason.clone(),
+    ]];
+    if changes {
+        for change in &item.changes {
+            let mut row = vec![String::new(); PLAN_HEADERS.len()];
+            row[1] = format!("  {change}");
+            rows.push(row);
         }
     }
-    table(&["KIND", "TARGET", "SOURCE", "KEY", "VERDICT", "REASON"], rows)
+    rows
+}
+
+/// A restore plan as a table; with `changes`, each restore is followed by its status diff.
+pub fn plan_table(plan: &RestorePlan, changes: bool) -> String {
+    let rows = plan.items.iter().flat_map(|item| plan_rows(item, changes)).collect();
+    table(&PLAN_HEADERS, rows)
+}
+
+/// The header of a streamed plan table ([`plan_table_rows`]).
+pub fn plan_table_header() -> String {
+    fixed_row(PLAN_HEADERS.iter().map(|h| h.to_string()).collect(), &PLAN_WIDTHS)
+}
+
+/// An item's rows of a streamed plan table (fixed-width columns), with its status diff.
+pub fn plan_table_rows(item: &PlanItem) -> String {
+    plan_rows(item, true).into_iter().map(|row| fixed_row(row, &PLAN_WIDTHS)).collect()
+}
+
+fn fixed_row(cells: Vec<String>, widths: &[usize]) -> String {
+    let padded: Vec<String> = cells.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
+    padded.join("   ").trim_end().to_string() + "\n"
 }
 
 /// The closing lines of a restore: counts, writes, failures, pairing.
@@ -779,6 +870,110 @@ pub fn restore_summary(report: &RestoreReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Takes what is written until `room` bytes, then fails as a closed pipe does.
+    struct Pipe {
+        taken: Arc<Mutex<Vec<u8>>>,
+        room: usize,
+    }
+
+    impl Write for Pipe {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let mut taken = self.taken.lock().unwrap();
+            if taken.len() + buf.len() > self.room {
+                return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+            }
+            taken.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Issue 22, item 2 (F110): a reader gone ends the writing without a panic: the later
+    /// lines are dropped, `closed` completes (the restore stops), and the error says why.
+    #[tokio::test]
+    async fn a_stream_whose_reader_is_gone_drops_the_rest_and_says_closed() {
+        let taken = Arc::new(Mutex::new(vec![]));
+        let stream = Stream::new(Pipe { taken: taken.clone(), room: 10 });
+        let closed = stream.closed();
+        stream.write("line one\n");
+        assert!(stream.error().is_none());
+        stream.write("line two\n");
+        stream.write("x\n");
+        tokio::time::timeout(std::time::Duration::from_secs(5), closed).await.expect("closed completes");
+        assert_eq!(stream.error().map(|e| e.kind()), Some(io::ErrorKind::BrokenPipe));
+        assert_eq!(taken.lock().unwrap().as_slice(), b"line one\n", "nothing after the failed write");
+    }
+
+    /// `restore -o jsonl`: an object line is its plan item with `type: object` (and the outcome
+    /// once written); the summary line has `type: summary` and no per-object list.
+    fn plan_item(kind: &str, name: &str) -> PlanItem {
+        PlanItem {
+            kind: kind.into(),
+            verdict: restatus::restore::Verdict::Restore,
+            key: Some("spec.systemUUID=u-1".into()),
+            target: Some(ObjectRef { kind: kind.into(), namespace: None, name: name.into() }),
+            source: None,
+            reason: "status differs".into(),
+            forced: false,
+            changes: vec![],
+            release: false,
+            record: None,
+            live: None,
+        }
+    }
+
+    #[test]
+    fn jsonl_lines_say_their_type() {
+        let item = plan_item("Server", "s-1");
+        let line = ObjectLine { item: item.clone(), outcome: None };
+        let text = RestoreLine::Object(&line).text();
+        assert!(text.ends_with('\n') && !text.trim_end().contains('\n'), "one line: {text}");
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["type"], "object");
+        assert_eq!(value["verdict"], "restore");
+        assert_eq!(value["target"]["name"], "s-1");
+        assert!(value.get("outcome").is_none());
+
+        let report = RestoreReport {
+            snapshot: "snap".into(),
+            snapshot_created_at: "2026-12-03T10:00:00Z".parse().unwrap(),
+            restored_to: None,
+            passed_over: vec![],
+            dry_run: false,
+            plan: RestorePlan {
+                snapshot: restatus::format::SnapshotId::new("2026-12-03T10:00:00Z".parse().unwrap()),
+                items: vec![item],
+            },
+            counts: [(restatus::restore::Verdict::Restore, 1)].into_iter().collect(),
+            outcomes: vec![],
+            writes: 3,
+            pairing: vec![],
+            write_limit: None,
+            stopped: None,
+            held: 0,
+        };
+        let value: serde_json::Value = serde_json::from_str(&RestoreLine::Summary(report.summary()).text()).unwrap();
+        assert_eq!(value["type"], "summary");
+        assert_eq!(
+            (value["objects"].clone(), value["writes"].clone(), value["ok"].clone()),
+            (1.into(), 3.into(), true.into())
+        );
+        assert!(value.get("plan").is_none() && value.get("outcomes").is_none(), "{value}");
+    }
+
+    /// A dry run's streamed table: fixed columns, the diff under its object.
+    #[test]
+    fn a_streamed_plan_row_has_fixed_columns() {
+        let header = plan_table_header();
+        let rows = plan_table_rows(&plan_item("BMC", "bmc-1"));
+        assert_eq!(header.find("TARGET"), Some(14));
+        assert_eq!(rows.find("bmc-1"), Some(14), "{header}{rows}");
+        assert_eq!(header.find("VERDICT"), rows.find("restore"));
+    }
 
     #[test]
     fn tables_align_columns() {

@@ -64,7 +64,13 @@ pub struct RestoreOptions {
     /// List every object in the report, with the status fields each restore changes (dry
     /// runs, JSON reports). Otherwise the report keeps the counts and only the items and
     /// outcomes that need attention, so that its memory does not grow with the fleet.
+    /// With a [`RestoreOptions::sink`], the items carry the changes but go to the sink.
     pub explain: bool,
+    /// Hand each object's line to this as soon as it is decided or written, instead of keeping
+    /// it: the report then holds no plan item and, of the outcomes, only the failures
+    /// ([`RestoreReport::ok`]), so that a restore streaming its lines does not grow with the
+    /// fleet.
+    pub sink: Option<Sink>,
     /// Told of each object written.
     pub progress: crate::progress::ProgressHook,
 }
@@ -90,8 +96,43 @@ impl RestoreOptions {
             page_size: DEFAULT_PAGE_SIZE,
             selector: None,
             explain: false,
+            sink: None,
             progress: Default::default(),
         }
+    }
+}
+
+/// One object of a restore, as soon as it is decided (a dry run; an object with nothing to
+/// write; a record with no live object) or its writes are done: its plan item, and then what
+/// the writes did.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectLine {
+    #[serde(flatten)]
+    pub item: PlanItem,
+    /// Absent when nothing was written: a dry run, or an item with nothing to write.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+}
+
+/// Where a streaming restore hands its [`ObjectLine`]s. Called from the restore's task, one
+/// line at a time: keep it cheap (a buffered write, a send on a channel).
+#[derive(Clone)]
+pub struct Sink(Arc<dyn Fn(ObjectLine) + Send + Sync>);
+
+impl Sink {
+    pub fn new(f: impl Fn(ObjectLine) + Send + Sync + 'static) -> Self {
+        Sink(Arc::new(f))
+    }
+
+    fn send(&self, line: ObjectLine) {
+        (self.0)(line)
+    }
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sink")
     }
 }
 
@@ -119,6 +160,37 @@ pub struct RestoreReport {
     /// Set when the restore was stopped (a signal) before it was done: what it left undone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped: Option<Stopped>,
+    /// Objects restatus keeps quiesced (each also in `outcomes`, unless streamed).
+    #[serde(skip)]
+    pub held: usize,
+}
+
+/// A streamed restore's closing line: the report without its per-object lists (those went to
+/// the [`Sink`]), with the failures and holds counted.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreSummary<'a> {
+    pub snapshot: &'a str,
+    pub snapshot_created_at: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restored_to: Option<&'a Point>,
+    pub passed_over: &'a [Passed],
+    pub dry_run: bool,
+    pub counts: &'a BTreeMap<Verdict, usize>,
+    /// Objects in the counts: one line each (but the writes a stop left unstarted).
+    pub objects: usize,
+    pub writes: usize,
+    /// Objects whose writes failed, and objects restatus keeps quiesced.
+    pub failed: usize,
+    pub held: usize,
+    pub pairing: &'a [Violation],
+    /// What the adaptive write limit did (`writeLimit`, as in `-o json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_limit: Option<&'a LimitReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<&'a Stopped>,
+    /// [`RestoreReport::ok`]: no failure, no pairing violation, not stopped.
+    pub ok: bool,
 }
 
 /// What a stopped restore left undone. Every write sequence it had started was finished
@@ -140,6 +212,25 @@ impl RestoreReport {
 
     pub fn ok(&self) -> bool {
         self.failures().next().is_none() && self.pairing.is_empty() && self.stopped.is_none()
+    }
+
+    pub fn summary(&self) -> RestoreSummary<'_> {
+        RestoreSummary {
+            snapshot: &self.snapshot,
+            snapshot_created_at: self.snapshot_created_at,
+            restored_to: self.restored_to.as_ref(),
+            passed_over: &self.passed_over,
+            dry_run: self.dry_run,
+            counts: &self.counts,
+            objects: self.counts.values().sum(),
+            writes: self.writes,
+            failed: self.failures().count(),
+            held: self.held,
+            pairing: &self.pairing,
+            write_limit: self.write_limit.as_ref(),
+            stopped: self.stopped.as_ref(),
+            ok: self.ok(),
+        }
     }
 }
 
@@ -232,6 +323,7 @@ async fn restore(
         plan: RestorePlan { snapshot: manifest.snapshot_id.clone(), items: vec![] },
         write_limit: None,
         stopped: None,
+        held: 0,
     };
     let mut tally = Tally { report, views: Views::default() };
     let input = PlanInput {
@@ -269,7 +361,7 @@ async fn restore(
                     .map(|(item, object)| async move { (applier.apply_to(kind, &item, &object).await, item) })
                     .buffer_unordered(opts.concurrency.max(1))
                     .for_each(|(outcome, item)| {
-                        applied.add(outcome, &item, opts.explain);
+                        applied.add(outcome, item, opts);
                         note_limit(opts, &mut last_limit);
                         future::ready(())
                     })
@@ -281,7 +373,7 @@ async fn restore(
         let sent = planned?;
         not_started += sent - applied.started;
         for item in matcher.finish(&input)? {
-            tally.keep(&item, opts);
+            tally.keep(&item, opts, true);
         }
         let records = loaded.records.of_kind(&kind.qualified_kind()).count();
         match (records, applied.writes) {
@@ -295,6 +387,7 @@ async fn restore(
             writer.summary_event(kind, applied.summary.event(&kind.plural, manifest.snapshot_id.as_str())).await;
         }
         tally.report.writes += applied.writes;
+        tally.report.held += applied.summary.held;
         tally.report.outcomes.extend(applied.outcomes);
         tally.views.merge(applied.views);
     }
@@ -371,8 +464,9 @@ async fn plan_pages(
         let items = matcher.page(&PlanInput { live: &live, ..*input }, 0..live.len())?;
         opts.progress.advance(items.iter().filter(|i| i.record.is_some()).count() as u64);
         for item in items {
-            tally.keep(&item, opts);
             let object = item.live.and_then(|l| live.get(l)).filter(|_| item.writes() && !opts.dry_run);
+            // An item to write is streamed with its outcome; after a stop, not at all.
+            tally.keep(&item, opts, object.is_none());
             if let Some(object) = object.cloned() {
                 meant += 1;
                 if !stop.now() {
@@ -398,13 +492,23 @@ struct Applied {
 }
 
 impl Applied {
-    fn add(&mut self, mut outcome: Outcome, item: &PlanItem, explain: bool) {
+    /// Counts the outcome and keeps it when the report lists every outcome
+    /// ([`RestoreOptions::explain`]) or it needs attention; streaming, hands it to the sink
+    /// with its item and keeps only a failure.
+    fn add(&mut self, mut outcome: Outcome, item: PlanItem, opts: &RestoreOptions) {
         self.started += 1;
         self.writes += outcome.writes;
         self.summary.add(&outcome);
         self.views.extend(outcome.after.take());
+        if let Some(sink) = &opts.sink {
+            if outcome.error.is_some() {
+                self.outcomes.push(outcome.clone());
+            }
+            sink.send(ObjectLine { item, outcome: Some(outcome) });
+            return;
+        }
         let notable = outcome.error.is_some() || outcome.held.is_some() || outcome.verdict != item.verdict;
-        if explain || notable {
+        if opts.explain || notable {
             self.outcomes.push(outcome);
         }
     }
@@ -418,10 +522,15 @@ struct Tally {
 
 impl Tally {
     /// Counts the item, and keeps it when the report lists every item ([`RestoreOptions::explain`])
-    /// or it needs attention (anything but a restore or an equal status).
-    fn keep(&mut self, item: &PlanItem, opts: &RestoreOptions) {
+    /// or it needs attention (anything but a restore or an equal status). Streaming, keeps none:
+    /// hands it to the sink when it is `done` (nothing to write), else its outcome will.
+    fn keep(&mut self, item: &PlanItem, opts: &RestoreOptions, done: bool) {
         *self.report.counts.entry(item.verdict).or_default() += 1;
-        if opts.explain || !matches!(item.verdict, Verdict::Restore | Verdict::AlreadyEqual) {
+        if let Some(sink) = &opts.sink {
+            if done {
+                sink.send(ObjectLine { item: item.clone(), outcome: None });
+            }
+        } else if opts.explain || !matches!(item.verdict, Verdict::Restore | Verdict::AlreadyEqual) {
             self.report.plan.items.push(item.clone());
         }
     }
@@ -496,6 +605,7 @@ mod tests {
             pairing: vec![],
             write_limit: None,
             stopped: None,
+            held: 0,
         };
         let mut tally = Tally { report, views: Views::default() };
         let (tx, _rx) = mpsc::channel(1);
@@ -504,5 +614,149 @@ mod tests {
         server.await.unwrap();
         assert!(matcher.finish(&input).unwrap().is_empty(), "every record found its object");
         assert_eq!(tally.report.counts.get(&Verdict::Restore), Some(&3), "{:?}", tally.report.counts);
+    }
+
+    /// A sink that keeps what it is handed, for a test to look at.
+    fn collecting() -> (Sink, Arc<std::sync::Mutex<Vec<ObjectLine>>>) {
+        let lines = Arc::new(std::sync::Mutex::new(vec![]));
+        let sink = Sink::new({
+            let lines = lines.clone();
+            move |line| lines.lock().unwrap().push(line)
+        });
+        (sink, lines)
+    }
+
+    /// Answers a dry run's requests for a profile of Servers only: no kube-system namespace
+    /// (404), then Servers a (bare), b (as recorded) and c (no record) for each listing.
+    async fn dry_run_api(mut api: api::Handle) -> usize {
+        let page = json!({"kind": "ServerList", "metadata": {"continue": ""}, "items": [
+            api::server("a", None), api::server("b", Some(&json!({"state": "Available"}))), api::server("c", None)]})
+        .to_string();
+        let mut requests = 0;
+        while let Some((request, send)) = api.next_request().await {
+            requests += 1;
+            let path = request.uri().path().to_string();
+            let (code, body) = match path.as_str() {
+                "/apis/metal.ironcore.dev/v1alpha1/servers" => (http::StatusCode::OK, page.clone()),
+                _ => (
+                    http::StatusCode::NOT_FOUND,
+                    json!({"kind": "Status", "code": 404, "reason": "NotFound"}).to_string(),
+                ),
+            };
+            send.send_response(
+                http::Response::builder().status(code).body(kube::client::Body::from(body.into_bytes())).unwrap(),
+            );
+        }
+        requests
+    }
+
+    /// Issue 22, item 2: a streaming dry run hands every object to the sink as it is decided,
+    /// with the status fields a restore changes, and its report holds no item, only the counts.
+    #[tokio::test]
+    async fn a_streaming_dry_run_hands_every_object_to_the_sink_and_holds_none() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let available = json!({"state": "Available"});
+        let records: Vec<_> = ["a", "b", "d"]
+            .iter()
+            .map(|n| record("Server", n, &[uuid(&format!("uuid-{n}"))], available.clone()))
+            .collect();
+        crate::fixtures::write_snapshot(&store, SNAPSHOT_TIME, &records, true).await;
+        let profile = Profile::metal_operator();
+        let servers = Profile { kinds: vec![profile.kind("Server").unwrap().clone()], ..profile };
+        let (client, handle) = api::client();
+        let server = tokio::spawn(dry_run_api(handle));
+        let (sink, lines) = collecting();
+        let opts =
+            RestoreOptions { dry_run: true, explain: true, sink: Some(sink), ..RestoreOptions::new(servers.clone()) };
+        let report = run(&client, &store, &opts).await.unwrap();
+        drop(client);
+        server.await.unwrap();
+
+        let lines = std::mem::take(&mut *lines.lock().unwrap());
+        let verdicts: BTreeMap<String, Verdict> = lines
+            .iter()
+            .map(|l| {
+                let name = l.item.target.as_ref().or(l.item.source.as_ref()).unwrap().name.clone();
+                (name, l.item.verdict)
+            })
+            .collect();
+        assert_eq!(lines.len(), 4, "one line per object: {verdicts:?}");
+        assert_eq!(
+            verdicts,
+            BTreeMap::from([
+                ("a".into(), Verdict::Restore),
+                ("b".into(), Verdict::AlreadyEqual),
+                ("c".into(), Verdict::NotInSnapshot),
+                ("d".into(), Verdict::MissingOnTarget),
+            ])
+        );
+        let a = lines.iter().find(|l| l.item.verdict == Verdict::Restore).unwrap();
+        assert_eq!(a.item.changes.len(), 1, "the changes are streamed: {:?}", a.item.changes);
+        assert!(lines.iter().all(|l| l.outcome.is_none()), "a dry run writes nothing");
+        assert!(report.plan.items.is_empty() && report.outcomes.is_empty(), "nothing held: {report:?}");
+        let summary = serde_json::to_value(report.summary()).unwrap();
+        assert_eq!(summary["objects"], 4);
+        assert_eq!(summary["counts"]["restore"], 1);
+        assert_eq!(summary["counts"]["missing-on-target"], 1);
+        assert_eq!(
+            (summary["dryRun"].clone(), summary["ok"].clone(), summary["writes"].clone()),
+            (json!(true), json!(true), json!(0))
+        );
+        assert!(summary.get("plan").is_none() && summary.get("outcomes").is_none(), "{summary}");
+
+        // Without a sink, the same dry run holds every item (as `-o json` shows them).
+        let (client, handle) = api::client();
+        let server = tokio::spawn(dry_run_api(handle));
+        let opts = RestoreOptions { dry_run: true, explain: true, ..RestoreOptions::new(servers) };
+        let held = run(&client, &store, &opts).await.unwrap();
+        drop(client);
+        server.await.unwrap();
+        assert_eq!(held.plan.items.len(), 4);
+        assert_eq!(held.counts, report.counts);
+    }
+
+    /// Streaming, each outcome goes to the sink with its item, and the report keeps only the
+    /// failures: `ok()` and the failure count still see them; holds are counted.
+    #[test]
+    fn a_streamed_outcome_goes_to_the_sink_and_only_a_failure_is_kept() {
+        let (sink, lines) = collecting();
+        let opts = RestoreOptions { sink: Some(sink), ..RestoreOptions::new(Profile::metal_operator()) };
+        let item = |name: &str| PlanItem {
+            kind: "Server".into(),
+            verdict: Verdict::Restore,
+            key: None,
+            target: Some(crate::format::ObjectRef { kind: "Server".into(), namespace: None, name: name.into() }),
+            source: None,
+            reason: "restore".into(),
+            forced: false,
+            changes: vec![],
+            release: false,
+            record: None,
+            live: None,
+        };
+        let outcome = |name: &str, held: bool, error: bool| Outcome {
+            object: item(name).target.unwrap(),
+            verdict: Verdict::Restore,
+            writes: 3,
+            reason: None,
+            held: held.then(|| "waits".into()),
+            error: error.then(|| "boom".into()),
+            after: None,
+            versions: vec![],
+        };
+        let mut applied = Applied::default();
+        applied.add(outcome("ok", false, false), item("ok"), &opts);
+        applied.add(outcome("held", true, false), item("held"), &opts);
+        applied.add(outcome("failed", false, true), item("failed"), &opts);
+        let lines = lines.lock().unwrap();
+        assert_eq!(lines.len(), 3);
+        assert!(lines.iter().all(|l| l.outcome.is_some()));
+        let line = serde_json::to_value(&lines[2]).unwrap();
+        assert_eq!(
+            (line["target"]["name"].clone(), line["outcome"]["error"].clone()),
+            (json!("failed"), json!("boom"))
+        );
+        assert_eq!(applied.outcomes.len(), 1, "only the failure is kept");
+        assert_eq!((applied.started, applied.writes, applied.summary.held), (3, 9, 1));
     }
 }
