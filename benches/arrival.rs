@@ -2,7 +2,8 @@
 //! size N of `BENCH_ARRIVAL` (default 10000), two fleets of the same shape, N Servers with
 //! realistic status and N/10 ServerClaims bound to them, backed up on the source. On the
 //! target, side by side:
-//! - one-shot: the first fleet arrives bare (Servers written into the target's etcd, claims
+//! - one-shot: the first fleet arrives bare (Servers written into the target's etcd, each in a
+//!   transaction of its own as a create through the API is, claims
 //!   through the API, as fast as a `clusterctl move` could create them), then `restatus
 //!   restore` of it: wall time and peak RSS;
 //! - controller: `restatus controller` runs and is ready before the second fleet arrives the
@@ -84,8 +85,13 @@ impl BedCpu {
 
 /// Makes `spec`'s fleet on a cluster: Servers into its etcd, the claims through its API.
 async fn arrive(client: &kube::Client, etcd_url: &str, spec: &FleetSpec) {
-    let etcd = EtcdTarget { url: etcd_url.to_string(), prefix: "/registry".into(), managed_fields: true };
-    load_servers(&etcd, spec, 8).await.expect("load Servers into etcd");
+    let etcd = EtcdTarget {
+        url: etcd_url.to_string(),
+        prefix: "/registry".into(),
+        managed_fields: true,
+        one_per_revision: true,
+    };
+    load_servers(&etcd, spec, 32).await.expect("load Servers into etcd");
     fleet::create_kinds(client, spec, 48, false).await.expect("create the claims");
     wait_listed(client, spec, Duration::from_secs(3600)).await.expect("the API server lists the Servers");
 }

@@ -81,7 +81,12 @@ async fn main() {
 
     // The fleet, and its base snapshot.
     let spec = FleetSpec::new(&name, n, 0, n / 10);
-    let etcd = EtcdTarget { url: env("RESTATUS_ETCD_SOURCE"), prefix: "/registry".into(), managed_fields: true };
+    let etcd = EtcdTarget {
+        url: env("RESTATUS_ETCD_SOURCE"),
+        prefix: "/registry".into(),
+        managed_fields: true,
+        one_per_revision: false,
+    };
     load_servers(&etcd, &spec, 8).await.expect("load Servers into etcd");
     fleet::create_kinds(&source, &spec, 48, false).await.expect("create the claims");
     wait_listed(&source, &spec, Duration::from_secs(3600)).await.expect("the API server lists the Servers");

@@ -92,7 +92,12 @@ async fn main() {
     let client = restatus::k8s::client(Some(Path::new(&source)), None).await.unwrap();
     let storage = format!("s3://{bucket}/scale");
     let stamp = jiff::Timestamp::now().as_second();
-    let etcd = EtcdTarget { url: env("RESTATUS_ETCD_SOURCE"), prefix: "/registry".into(), managed_fields: true };
+    let etcd = EtcdTarget {
+        url: env("RESTATUS_ETCD_SOURCE"),
+        prefix: "/registry".into(),
+        managed_fields: true,
+        one_per_revision: false,
+    };
     let mut rows = Vec::new();
     let mut fleets = Vec::new();
     for (i, &n) in sizes.iter().enumerate() {

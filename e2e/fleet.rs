@@ -37,7 +37,7 @@ async fn servers_loaded_into_etcd_are_listed_and_written_through_the_api() {
     let bed = Bed::get();
     let client = bed.source().await;
     let url = std::env::var("RESTATUS_ETCD_SOURCE").expect("RESTATUS_ETCD_SOURCE: run scripts/testbed up again");
-    let etcd = EtcdTarget { url, prefix: "/registry".into(), managed_fields: true };
+    let etcd = EtcdTarget { url, prefix: "/registry".into(), managed_fields: true, one_per_revision: false };
     let spec = FleetSpec::new(&unique("etcd"), 300, 0, 0);
     let loaded = load_servers(&etcd, &spec, 4).await.expect("load into etcd");
     assert_eq!((loaded.written, loaded.existing), (300, 0));

@@ -74,7 +74,12 @@ async fn main() -> Result<()> {
     let started = std::time::Instant::now();
     let via_etcd = args.etcd.is_some();
     if let Some(url) = args.etcd {
-        let etcd = fleet::etcd::EtcdTarget { url, prefix: args.etcd_prefix, managed_fields: !args.no_managed_fields };
+        let etcd = fleet::etcd::EtcdTarget {
+            url,
+            prefix: args.etcd_prefix,
+            managed_fields: !args.no_managed_fields,
+            one_per_revision: false,
+        };
         let loaded = fleet::etcd::load_servers(&etcd, &spec, args.concurrency).await?;
         eprintln!(
             "wrote {} Servers ({:.1} MiB) into etcd {} in {:.1?} ({} were there already)",

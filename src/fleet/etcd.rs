@@ -51,6 +51,12 @@ pub struct EtcdTarget {
     pub prefix: String,
     /// Write the `managedFields` a create and a status update through the API would leave.
     pub managed_fields: bool,
+    /// Write each Server in a transaction of its own, as creates through the API do. Batched,
+    /// the Servers of one transaction share one etcd revision, so the API server gives them one
+    /// resourceVersion, and a watch that ends in the middle of them (its timeout, a slow
+    /// watcher closed) resumes after all of them: the rest are never delivered to it. A fleet
+    /// a controller watches as it arrives must not be batched.
+    pub one_per_revision: bool,
 }
 
 /// Writes the fleet's Servers (with their status unless `spec.with_status` is false) into
@@ -65,7 +71,8 @@ pub async fn load_servers(etcd: &EtcdTarget, spec: &FleetSpec, concurrency: usiz
     let created = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let todo: Vec<usize> = (0..spec.servers).filter(|&i| !existing.contains(&spec.server_name(i))).collect();
     // Batches of indices, cut by count; values are built when a batch is sent.
-    let batches: Vec<Vec<usize>> = todo.chunks(MAX_OPS).map(<[usize]>::to_vec).collect();
+    let per_txn = if etcd.one_per_revision { 1 } else { MAX_OPS };
+    let batches: Vec<Vec<usize>> = todo.chunks(per_txn).map(<[usize]>::to_vec).collect();
     let bytes = stream::iter(batches)
         .map(|batch| {
             let (http, dir, created) = (&http, &dir, &created);
