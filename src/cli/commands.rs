@@ -321,7 +321,7 @@ async fn controller(
     // Every write of the controller passes the fence: open only while this instance holds a
     // lease it renewed in time, on a client of the lease's own.
     let fence = Fence::default();
-    let write_limit = args.limit.write_limit();
+    let write_limit = args.limit.write_limit(args.limit.concurrency);
     let client =
         k8s::client::fenced_client(g.kubeconfig.as_deref(), g.context.as_deref(), &fence, &write_limit).await?;
     let timing = LeaseTiming { duration: args.lease_duration };
@@ -347,7 +347,7 @@ async fn controller(
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
         trusted_keys: trusted,
-        concurrency: args.limit.objects_in_flight(),
+        concurrency: args.limit.objects_in_flight(args.limit.concurrency),
         write_limit: Some(write_limit),
         snapshot_refresh: args.snapshot_refresh,
         snapshot_timeout: args.snapshot_timeout,
@@ -375,7 +375,7 @@ async fn restore(
     trusted: Option<Arc<TrustedKeys>>,
 ) -> Result<()> {
     let profile = Profile::load(&g.profile)?;
-    let write_limit = args.limit.write_limit();
+    let write_limit = args.limit.write_limit(restatus::k8s::limit::DEFAULT_MAX);
     let client = k8s::limited_client(g.kubeconfig.as_deref(), g.context.as_deref(), &write_limit).await?;
     let format = args.output.output;
     // `jsonl` and a dry run's table print each object as it comes, and the report holds none.
@@ -402,7 +402,7 @@ async fn restore(
         trusted_keys: trusted,
         journal: !args.no_journal,
         at: args.at,
-        concurrency: args.limit.objects_in_flight(),
+        concurrency: args.limit.objects_in_flight(restatus::k8s::limit::DEFAULT_MAX),
         write_limit: Some(write_limit),
         selector: g.selector.clone(),
         // The changes are shown by a dry run's table and in JSON.

@@ -331,20 +331,29 @@ pub struct LimitArgs {
     /// Retry-After). Capped by --max-concurrency.
     #[arg(long, default_value_t = restatus::k8s::limit::DEFAULT_START)]
     pub concurrency: usize,
-    /// The most writes ever in flight at once (at least 1; 1 writes one at a time).
-    #[arg(long, default_value_t = restatus::k8s::limit::DEFAULT_MAX)]
-    pub max_concurrency: usize,
+    /// The most writes ever in flight at once (at least 1; 1 writes one at a time). Default:
+    /// 64 for `restore`; for `controller` its --concurrency, so that it does not grow: it
+    /// shares the API server with the cluster's other clients and with its own Lease, whose
+    /// renewal waits behind the writes queued at the API server (a renewal late under 64
+    /// writes in flight on a saturated test API server cost the bench's controller its lease).
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
 }
 
 impl LimitArgs {
-    /// The limit, starting at --concurrency, never above --max-concurrency.
-    pub fn write_limit(&self) -> restatus::k8s::WriteLimit {
-        restatus::k8s::WriteLimit::new(self.concurrency, self.max_concurrency)
+    /// --max-concurrency, or `default` when not given.
+    fn max(&self, default: usize) -> usize {
+        self.max_concurrency.unwrap_or(default).max(1)
+    }
+
+    /// The limit, starting at --concurrency, never above --max-concurrency (or `default_max`).
+    pub fn write_limit(&self, default_max: usize) -> restatus::k8s::WriteLimit {
+        restatus::k8s::WriteLimit::new(self.concurrency, self.max(default_max))
     }
 
     /// Objects under way at once above the limit: as many as it may let through.
-    pub fn objects_in_flight(&self) -> usize {
-        self.max_concurrency.max(1)
+    pub fn objects_in_flight(&self, default_max: usize) -> usize {
+        self.max(default_max)
     }
 }
 
@@ -635,6 +644,28 @@ mod tests {
             assert!(err.to_string().contains("must be greater than zero"), "{flags:?}: {err}");
         }
         assert!(Cli::try_parse_from(["restatus", "controller", "--snapshot-refresh", "1s"]).is_ok());
+    }
+
+    /// The controller's write limit does not grow beyond where it starts unless told (its
+    /// Lease waits behind the writes queued at the API server); a restore's grows to 64.
+    #[test]
+    fn the_controllers_write_limit_stays_at_its_start_unless_told() {
+        let controller = |extra: &[&str]| match Cli::try_parse_from([&["restatus", "controller"][..], extra].concat()) {
+            Ok(Cli { command: Command::Controller(args), .. }) => args.limit,
+            _ => panic!("controller {extra:?} refused"),
+        };
+        let restore = |extra: &[&str]| match Cli::try_parse_from([&["restatus", "restore"][..], extra].concat()) {
+            Ok(Cli { command: Command::Restore(args), .. }) => args.limit,
+            _ => panic!("restore {extra:?} refused"),
+        };
+        let max = |limit: LimitArgs, default: usize| limit.write_limit(default).report().max;
+        let own_start = |limit: LimitArgs| max(limit, limit.concurrency);
+        assert_eq!(own_start(controller(&[])), 16);
+        assert_eq!(own_start(controller(&["--concurrency", "8"])), 8);
+        assert_eq!(own_start(controller(&["--max-concurrency", "48"])), 48);
+        assert_eq!(controller(&[]).objects_in_flight(16), 16);
+        assert_eq!(max(restore(&[]), restatus::k8s::limit::DEFAULT_MAX), 64);
+        assert_eq!(max(restore(&["--max-concurrency", "0"]), 64), 1, "at least 1");
     }
 
     #[test]
