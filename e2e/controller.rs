@@ -750,7 +750,11 @@ async fn a_relist_after_a_hard_api_server_restart_forgets_what_vanished_meanwhil
     let spec = FleetSpec::new(&unique("relist"), 4, 4, 2);
     let (selector, storage) = backed_up(&bed, &spec, 8).await;
     let lease_ns = lease_namespace(&bed).await;
-    let controller = Controller::start(&bed, &apiserver.kubeconfig, &storage, &spec.name, &selector, &lease_ns);
+    // Its Lease lives on the API server the test kills: a lease that outlasts a slow restart
+    // (tens of seconds on a busy machine), or the controller steps down and exits, as it must.
+    let lease = ["--lease-duration", "120s"];
+    let controller =
+        Controller::start_with(&bed, &apiserver.kubeconfig, &storage, &spec.name, &selector, &lease_ns, &lease);
     controller.wait_ready().await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
