@@ -28,6 +28,14 @@ struct Scenario {
 }
 
 impl Scenario {
+    /// Every status of the source is on the target (`what`: why the message says so).
+    async fn assert_source_statuses(&self, what: &str) {
+        let (source, target) = (self.source_state().await, self.target_state().await);
+        for (name, status) in &source {
+            assert_eq!(&target[name].0, status, "{name} {what}");
+        }
+    }
+
     async fn new(servers: usize, claims: usize) -> Scenario {
         Self::with_backup(Bed::get(), servers, claims, &[]).await
     }
@@ -596,10 +604,7 @@ async fn a_restore_at_max_concurrency_1_writes_one_at_a_time_and_reports_its_lim
         (Some(1), Some(1), Some(1)),
         "{limit}"
     );
-    let (source, target) = (s.source_state().await, s.target_state().await);
-    for (name, status) in &source {
-        assert_eq!(&target[name].0, status, "{name} restored");
-    }
+    s.assert_source_statuses("restored").await;
 }
 
 /// F50: SIGTERM in the middle of a one-shot restore (the repro: 12 s into a restore of
@@ -638,10 +643,7 @@ async fn a_restore_stopped_by_sigterm_finishes_what_it_started_releases_it_and_s
     // The rerun does the rest.
     let rerun = s.report(&[]);
     assert!(rerun.get("stopped").is_none());
-    let (source, target) = (s.source_state().await, s.target_state().await);
-    for (name, status) in &source {
-        assert_eq!(&target[name].0, status, "{name} lost");
-    }
+    s.assert_source_statuses("lost").await;
 }
 
 /// F53: the target backs up under the source's cluster id (one chart value for every role):
@@ -668,10 +670,7 @@ async fn a_restore_never_uses_a_snapshot_captured_from_its_own_cluster() {
     let passed = &report["passedOver"][0];
     assert_eq!(passed["snapshot"], own.as_str());
     assert!(passed["reason"].as_str().unwrap().contains("captured from this cluster"), "{passed}");
-    let (source, target) = (s.source_state().await, s.target_state().await);
-    for (name, status) in &source {
-        assert_eq!(&target[name].0, status, "{name} restored from the source's snapshot");
-    }
+    s.assert_source_statuses("restored from the source's snapshot").await;
 }
 
 /// F70-F73 end to end: a real backup signed with a key from `restatus keys generate`, then a
@@ -973,10 +972,7 @@ async fn jsonl_streams_one_line_per_object_and_a_summary_last() {
         .sum();
     assert_eq!(summary["writes"].as_u64(), Some(writes), "the summary's writes are the lines'");
     assert_eq!(writes, 45, "quiesce, status and release");
-    let (source, target) = (s.source_state().await, s.target_state().await);
-    for (name, status) in &source {
-        assert_eq!(&target[name].0, status, "{name}");
-    }
+    s.assert_source_statuses("restored").await;
 }
 
 /// F110: the reader of `restore -o jsonl` goes away (`| head -1`). A real restore stops as on

@@ -262,6 +262,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // meanwhile.
     let mut refreshing: Option<tokio::task::JoinHandle<bool>> = None;
     let result = loop {
+        // What the watches sent while the last chunk was written, and waits.
+        ctx.metrics.watch_pending.set(inbox.len() as i64);
         let more = !state.dirty.is_empty() && ctx.synced.load(Ordering::Relaxed);
         // Not biased: a stream of events must not starve the refresh.
         tokio::select! {
@@ -300,7 +302,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                         Ok(None) | Err(_) => break,
                     }
                 }
-                ctx.metrics.watch_pending.set(inbox.len() as i64);
                 state.wake_waiting();
             }
             // Dirty objects left from the last chunk: no waiting for a change before the next.

@@ -59,12 +59,6 @@ impl LiveObject {
         }
     }
 
-    /// The same view of an object that came through a typed API call or a watch.
-    pub fn from_dynamic(kind: &KindProfile, object: &kube::api::DynamicObject) -> Result<Self, serde_json::Error> {
-        let json = serde_json::to_string(object)?;
-        Ok(Self::from_raw(kind, &RawObject::parse(&json)?))
-    }
-
     /// The status, parsed, if its JSON is kept.
     pub fn status_value(&self) -> Option<Value> {
         self.status.as_ref().and_then(LiveStatus::value)

@@ -22,6 +22,14 @@ pub use writer::{Annotated, FIELD_MANAGER, Writer, annotate, get_object};
 
 /// A dynamic API handle for `kind`: in `namespace` for a namespaced kind, else cluster-wide.
 pub fn api_for(client: &kube::Client, kind: &KindProfile, namespace: Option<&str>) -> Api<DynamicObject> {
+    api_as(client, kind, namespace)
+}
+
+/// [`api_for`], its objects read as `K` (a watch's `RawResource`, say).
+pub fn api_as<K>(client: &kube::Client, kind: &KindProfile, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+{
     let gvk = GroupVersionKind::gvk(&kind.group, &kind.version, &kind.kind);
     let resource = ApiResource::from_gvk_with_plural(&gvk, &kind.plural);
     match namespace {

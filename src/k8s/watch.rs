@@ -8,12 +8,13 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
-use kube::core::{ApiResource, DynamicResourceScope, GroupVersionKind, Resource};
+use kube::core::{ApiResource, DynamicResourceScope, Resource};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::domain::identity::KindProfile;
+use crate::k8s::api_as;
 
 pub use kube::runtime::watcher::{Error as WatchError, Event as WatchEvent};
 
@@ -113,12 +114,7 @@ pub fn watch_objects(
     kind: &KindProfile,
     request: &WatchRequest<'_>,
 ) -> BoxStream<'static, Result<WatchEvent<RawResource>, WatchError>> {
-    let gvk = GroupVersionKind::gvk(&kind.group, &kind.version, &kind.kind);
-    let resource = ApiResource::from_gvk_with_plural(&gvk, &kind.plural);
-    let api: Api<RawResource> = match request.namespace {
-        Some(ns) if kind.namespaced => Api::namespaced_with(client.clone(), ns, &resource),
-        _ => Api::all_with(client.clone(), &resource),
-    };
+    let api: Api<RawResource> = api_as(client, kind, request.namespace);
     let mut config = watcher::Config::default();
     if request.page_size > 0 {
         config = config.page_size(request.page_size);
