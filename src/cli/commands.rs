@@ -347,7 +347,9 @@ async fn controller(
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
         trusted_keys: trusted,
-        concurrency: args.limit.objects_in_flight(args.limit.concurrency),
+        // Twice the writes it may let through: an object spends part of its reconcile reading
+        // (a claim) and planning, and the writes' slots stay full meanwhile.
+        concurrency: 2 * args.limit.objects_in_flight(args.limit.concurrency),
         write_limit: Some(write_limit),
         snapshot_refresh: args.snapshot_refresh,
         snapshot_timeout: args.snapshot_timeout,

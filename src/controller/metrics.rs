@@ -34,6 +34,9 @@ pub struct Metrics {
     pub retrying: Gauge,
     /// Watch events waiting for the main loop, each object's newest only.
     pub watch_pending: Gauge,
+    /// Objects waiting in the work queue, and being reconciled now.
+    pub queue_waiting: Gauge,
+    pub reconciling: Gauge,
     /// The adaptive limit on the writes in flight now (`k8s::limit`), and the times the API
     /// server shed load and it halved.
     pub write_limit: Gauge,
@@ -87,6 +90,10 @@ impl Default for Metrics {
             "Watch events waiting for the controller's main loop (each object's newest only)",
             watch_pending.clone(),
         );
+        let queue_waiting = Gauge::default();
+        registry.register("queue_waiting", "Dirty objects waiting to be reconciled", queue_waiting.clone());
+        let reconciling = Gauge::default();
+        registry.register("reconciling", "Objects being reconciled now", reconciling.clone());
         let write_limit = Gauge::default();
         registry.register(
             "write_limit",
@@ -118,6 +125,8 @@ impl Default for Metrics {
             quiesced,
             retrying,
             watch_pending,
+            queue_waiting,
+            reconciling,
             write_limit,
             write_limit_halvings,
             kind_unavailable,

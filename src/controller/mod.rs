@@ -1,40 +1,43 @@
 //! The restore controller: watch-driven restore on the target cluster.
 //!
 //! Watches every kind of the profile. Each event updates a live index (objects and their
-//! identity keys) and marks the object dirty; dirty objects are handled in short batches with
-//! the same plan and apply code as the one-shot restore, on a small input: the object, the
-//! records that share its keys, and the live objects that share theirs. So an object that
-//! appears with an empty status gets its status back, a restored one is "already equal", and
-//! ambiguity is judged exactly as the one-shot plan judges it. The newest good snapshot is
-//! reloaded every `snapshot_refresh`; a new one makes every object dirty again. A Server or
-//! ServerClaim that appears makes the BMCs, Servers and claims restatus still keeps ignored
-//! dirty: one may be waiting for it; a Server whose status changes makes the claims it keeps
-//! ignored dirty: one may be waiting for it to be Reserved for it.
+//! identity keys) and marks the object dirty; dirty objects are reconciled with the same plan
+//! and apply code as the one-shot restore, on a small input: the object, the records that
+//! share its keys, and the live objects that share theirs. So an object that appears with an
+//! empty status gets its status back, a restored one is "already equal", and ambiguity is
+//! judged exactly as the one-shot plan judges it. The newest good snapshot is reloaded every
+//! `snapshot_refresh`; a new one makes every object dirty again. A Server or ServerClaim that
+//! appears makes the BMCs, Servers and claims restatus still keeps ignored dirty: one may be
+//! waiting for it; a Server whose status changes makes the claims it keeps ignored dirty: one
+//! may be waiting for it to be Reserved for it.
 //!
 //! The watches queue their changes in an inbox that keeps each object's newest change only
 //! (bounded by the objects, and a watch never waits for the main loop); the events of the
 //! controller's own writes (known by the resourceVersions they made) update the index but make
-//! nothing dirty; and dirty objects are reconciled in chunks, those that changed before those
-//! only woken and the most recent first, so that an object arriving during a mass arrival
-//! waits for one chunk, not for the backlog.
+//! nothing dirty; and dirty objects wait in a work queue ([`queue`]): changes before wake-ups,
+//! the kinds in profile order, the most recent first, each reconcile a task of its own that
+//! starts as soon as another ends, so that an object arriving during a mass arrival waits for
+//! a slot, not for the backlog, and no reconcile waits for a slower one.
 //!
 //! Rooms: [`context`] (shared state, snapshot refresh, readiness), [`watch`] (one watch per
-//! kind into the main loop), [`reconcile`] (plan and apply one object), and here the main loop
-//! and the leader election around it.
+//! kind into the main loop), [`queue`] (which dirty object starts next), [`reconcile`] (plan
+//! and apply one object), and here the main loop and the leader election around it.
 
 mod context;
 pub mod http;
 pub mod index;
 pub mod metrics;
+mod queue;
 mod reconcile;
 pub mod retry;
 mod watch;
 
+use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -44,8 +47,9 @@ use crate::moving::handshake::Handshake;
 use crate::{Error, Result};
 use context::refresh_snapshot;
 pub use context::{Context, ControllerOptions};
-use index::{LiveIndex, Uid};
-use reconcile::{Done, Next};
+use index::{LiveIndex, SnapshotIndex, Uid};
+use queue::{Pending, WorkQueue};
+use reconcile::{Done, Next, Work};
 use retry::{FIRST_RETRY, Retries};
 use watch::{Change, Inbox, watch_kind};
 
@@ -53,8 +57,8 @@ use watch::{Change, Inbox, watch_kind};
 struct Loop {
     kinds: Vec<KindProfile>,
     live: LiveIndex,
-    /// Objects to reconcile, with when and why they became dirty.
-    dirty: HashMap<Uid, Pending>,
+    /// Objects to reconcile, and those being reconciled.
+    queue: WorkQueue,
     retries: Retries,
     /// Kinds listed at least once.
     listed: HashSet<String>,
@@ -67,6 +71,11 @@ struct Loop {
     /// to come: those events are its own writes' echoes and make nothing dirty (each write of
     /// a restore made three, and each planned again as "already equal").
     echoes: HashMap<Uid, Vec<String>>,
+    /// The resourceVersions of the events of each object in flight, judged when its reconcile
+    /// ends (echoes of its writes, or another writer's change).
+    flying: HashMap<Uid, Vec<String>>,
+    /// When the gauges that count the whole index were last set.
+    gauges_set: Option<Instant>,
 }
 
 impl Loop {
@@ -74,12 +83,14 @@ impl Loop {
         Loop {
             kinds,
             live: LiveIndex::default(),
-            dirty: HashMap::new(),
+            queue: WorkQueue::default(),
             retries: Retries::default(),
             listed: HashSet::new(),
             partner_arrived: false,
             server_changed: false,
             echoes: HashMap::new(),
+            flying: HashMap::new(),
+            gauges_set: None,
         }
     }
 
@@ -100,6 +111,12 @@ impl Loop {
                     self.partner_arrived = true;
                 } else if object.kind == "Server" && self.live.status_changed(&object) {
                     self.server_changed = true;
+                }
+                if let Some(versions) = self.flying.get_mut(object.uid.as_str()) {
+                    // Judged once its reconcile ends and says what it wrote.
+                    versions.push(object.resource_version.clone());
+                    self.live.upsert(*object);
+                    return;
                 }
                 let echo = self.is_echo(&object.uid, &object.resource_version);
                 let uid = self.live.upsert(*object);
@@ -156,10 +173,16 @@ impl Loop {
         }
     }
 
+    /// Its kind's place in the profile: an earlier kind starts first (see [`WorkQueue`]).
+    fn rank(&self, uid: &str) -> Reverse<usize> {
+        let kind = self.live.kind_of(uid);
+        Reverse(self.kinds.iter().position(|k| Some(k.kind.as_str()) == kind).unwrap_or(usize::MAX))
+    }
+
     /// Marks an object dirty because it changed (or appeared): reconciled before those woken.
     fn changed(&mut self, uid: Uid) {
-        let pending = self.dirty.entry(uid).or_insert_with(|| Pending { seen: Instant::now(), changed: true });
-        pending.changed = true;
+        let pending = Pending { changed: true, rank: self.rank(&uid), seen: Instant::now() };
+        self.queue.add(uid, pending);
     }
 
     /// Marks objects dirty that did not change themselves (a retry, a new snapshot, a partner
@@ -167,12 +190,13 @@ impl Loop {
     fn wake(&mut self, uids: impl IntoIterator<Item = Uid>) {
         let now = Instant::now();
         for uid in uids {
-            self.dirty.entry(uid).or_insert(Pending { seen: now, changed: false });
+            let pending = Pending { changed: false, rank: self.rank(&uid), seen: now };
+            self.queue.add(uid, pending);
         }
     }
 
     fn forget(&mut self, uid: &str) {
-        self.dirty.remove(uid);
+        self.queue.remove(uid);
         self.echoes.remove(uid);
         self.retries.settled(uid);
         self.live.remove(uid);
@@ -183,12 +207,33 @@ impl Loop {
         self.kinds.iter().all(|k| self.listed.contains(&k.kind) || ctx.is_unavailable(&k.kind))
     }
 
-    /// Reconciles the dirty objects, at most a chunk of them, the most recently dirtied first;
-    /// errors (counted and logged) and holds wait for a retry.
-    async fn process(&mut self, ctx: &Context, stopping: &AtomicBool) {
-        let dirty = next_chunk(&mut self.dirty, chunk_size(ctx.options.concurrency));
-        for (uid, next) in reconcile::process(ctx, &self.kinds, &self.live, &self.retries, dirty, stopping).await {
-            match next {
+    /// Starts the best waiting objects (see [`WorkQueue`]) until `concurrency` are in flight,
+    /// each planned on its neighbourhood as the indexes hold it now.
+    fn start(&mut self, ctx: &Arc<Context>, snapshot: &Arc<SnapshotIndex>, running: &mut Running) {
+        while self.queue.running() < ctx.options.concurrency.max(1) {
+            let Some((uid, seen)) = self.queue.take() else { break };
+            let kind = self.live.kind_of(&uid).and_then(|kind| self.kinds.iter().find(|k| k.kind == kind));
+            let failing = self.retries.contains(&uid);
+            let work = kind.and_then(|kind| Work::prepare(kind, snapshot, &self.live, (uid.clone(), seen, failing)));
+            match work {
+                // Gone from the index meanwhile.
+                None => self.finish(ctx, uid, Ok(Next::Settled.into())),
+                Some(Err(e)) => self.finish(ctx, uid, Err(e)),
+                Some(Ok(work)) => {
+                    self.flying.insert(uid.clone(), vec![]);
+                    running.spawn(uid, work.run(ctx.clone()));
+                }
+            }
+        }
+    }
+
+    /// An object's reconcile ended: settled, held for a retry, or failed (counted and logged,
+    /// retried after a backoff); the events that came meanwhile are judged, and it starts
+    /// again if it was dirtied meanwhile.
+    fn finish(&mut self, ctx: &Context, uid: Uid, done: Result<Done>) {
+        let events = self.flying.remove(&uid).unwrap_or_default();
+        if self.live.contains(&uid) {
+            match done {
                 Ok(Done { next, wrote }) => {
                     if !wrote.is_empty() {
                         self.echoes.insert(uid.clone(), wrote);
@@ -206,43 +251,67 @@ impl Loop {
                     warn!(uid = &*uid, error = %e, ?wait, "cannot restore the object yet; retried after a backoff");
                 }
             }
+            for version in events {
+                if !self.is_echo(&uid, &version) {
+                    self.changed(uid.clone());
+                }
+            }
         }
+        self.queue.finish(&uid);
+        let drained = self.queue.is_idle();
+        reconcile::summarize(ctx, &self.kinds, drained);
+        self.set_gauges(ctx, drained);
+    }
+
+    /// The gauges that count the whole index: when the work is drained (`now`), and at most
+    /// once a second meanwhile (not once an object).
+    fn set_gauges(&mut self, ctx: &Context, now: bool) {
+        if !now && self.gauges_set.is_some_and(|at| at.elapsed() < GAUGES_EVERY) {
+            return;
+        }
+        self.gauges_set = Some(Instant::now());
         ctx.metrics.retrying.set(self.retries.len() as i64);
         ctx.metrics.quiesced.set(self.live.quiesced() as i64);
-        let drained = self.dirty.is_empty() || stopping.load(Ordering::Relaxed);
-        reconcile::summarize(ctx, &self.kinds, drained);
     }
 }
 
-/// Objects reconciled before the loop looks at its watches, timers and shutdown again: enough
-/// to keep `concurrency` writes in flight, few enough that an object arriving in the middle of
-/// a mass arrival waits for one chunk, not for everything that arrived before it.
-fn chunk_size(concurrency: usize) -> usize {
-    concurrency.max(1) * 16
+/// How often the gauges that count the whole index are set while objects are reconciled.
+const GAUGES_EVERY: Duration = Duration::from_secs(1);
+
+/// The reconciles in flight, each a task of its own (so it goes on while the main loop waits
+/// for changes), by uid.
+#[derive(Default)]
+struct Running {
+    tasks: tokio::task::JoinSet<Result<Done>>,
+    uids: HashMap<tokio::task::Id, Uid>,
 }
 
-/// Why and since when an object is dirty.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Pending {
-    /// The object itself changed or appeared (not only woken). Compared first.
-    changed: bool,
-    /// When it became dirty (kept while it stays dirty): its restore latency counts from here.
-    seen: Instant,
-}
-
-/// Removes and returns the next `n` dirty objects (all when there are no more), with the time
-/// each became dirty: objects that changed before those only woken, the most recent first. An
-/// object that just arrived is not held behind a backlog (which drains as soon as arrivals
-/// pause), and a wake-up of held objects after every batch cannot crowd out arrivals; every
-/// object is taken eventually, since a dirty object keeps its time.
-fn next_chunk(dirty: &mut HashMap<Uid, Pending>, n: usize) -> HashMap<Uid, Instant> {
-    if dirty.len() <= n {
-        return std::mem::take(dirty).into_iter().map(|(uid, p)| (uid, p.seen)).collect();
+impl Running {
+    fn spawn(&mut self, uid: Uid, reconcile: impl std::future::Future<Output = Result<Done>> + Send + 'static) {
+        let task = self.tasks.spawn(reconcile);
+        self.uids.insert(task.id(), uid);
     }
-    let mut order: Vec<(Pending, Uid)> = dirty.iter().map(|(uid, p)| (*p, uid.clone())).collect();
-    let split = order.len() - n;
-    order.select_nth_unstable_by_key(split, |(p, _)| *p);
-    order[split..].iter().filter_map(|(_, uid)| dirty.remove_entry(uid)).map(|(uid, p)| (uid, p.seen)).collect()
+
+    fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// The next reconcile to end, with its uid; `None` when none runs. A reconcile that
+    /// panicked failed.
+    async fn next(&mut self) -> Option<(Uid, Result<Done>)> {
+        loop {
+            let joined = self.tasks.join_next_with_id().await?;
+            let id = match &joined {
+                Ok((id, _)) => *id,
+                Err(e) => e.id(),
+            };
+            let Some(uid) = self.uids.remove(&id) else { continue };
+            let done = joined.map(|(_, done)| done).unwrap_or_else(|e| {
+                Err(Error::RestoreFailed { object: uid.to_string(), reason: format!("its reconcile ended: {e}") })
+            });
+            return Some((uid, done));
+        }
+    }
 }
 
 /// Runs until `shutdown` completes. Call only while leading.
@@ -253,6 +322,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let watches: Vec<_> =
         kinds.iter().map(|kind| tokio::spawn(watch_kind(ctx.clone(), kind.clone(), inbox.sender()))).collect();
     let mut state = Loop::new(kinds);
+    let mut running = Running::default();
     let mut refresh = tokio::time::interval(ctx.options.snapshot_refresh);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut retry = tokio::time::interval(FIRST_RETRY);
@@ -261,13 +331,29 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     // answering until `--snapshot-timeout`; the loop goes on restoring from the snapshot in use
     // meanwhile.
     let mut refreshing: Option<tokio::task::JoinHandle<bool>> = None;
+    // The end of the batch window open: changes gathered until then wake the objects waiting
+    // for them once (see `Loop::wake_waiting`).
+    let mut window: Option<tokio::time::Instant> = None;
     let result = loop {
-        // What the watches sent while the last chunk was written, and waits.
+        // What the watches sent while the loop was busy, and the work queue.
         ctx.metrics.watch_pending.set(inbox.len() as i64);
-        let more = !state.dirty.is_empty() && ctx.synced.load(Ordering::Relaxed);
-        // Not biased: a stream of events must not starve the refresh.
+        ctx.metrics.queue_waiting.set(state.queue.waiting() as i64);
+        ctx.metrics.reconciling.set(state.queue.running() as i64);
+        // Not biased: a stream of events must not starve the refresh or the reconciles ending.
         tokio::select! {
-            _ = &mut shutdown => break Ok(()),
+            _ = &mut shutdown => {
+                // No object's writes start after it, those in flight finish (each ends with its
+                // release), then the loop ends. The manifests' terminationGracePeriodSeconds
+                // leave time for that.
+                if !running.is_empty() {
+                    info!("shutting down: finishing the objects being written");
+                }
+                while let Some((uid, done)) = running.next().await {
+                    state.finish(&ctx, uid, done);
+                }
+                reconcile::summarize(&ctx, &state.kinds, true);
+                break Ok(());
+            }
             _ = refresh.tick(), if refreshing.is_none() => {
                 let ctx = ctx.clone();
                 refreshing = Some(tokio::spawn(async move { refresh_snapshot(&ctx).await }));
@@ -292,39 +378,25 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             }
             changes = inbox.recv() => {
                 let Some(changes) = changes else { break Err(Error::WatchesEnded) };
-                // Gather what arrives within the batch window, then act once: the window ends
-                // however fast changes keep coming.
-                let deadline = tokio::time::Instant::now() + ctx.options.batch_window;
                 state.apply_all(&ctx, changes);
-                while tokio::time::Instant::now() < deadline {
-                    match tokio::time::timeout_at(deadline, inbox.recv()).await {
-                        Ok(Some(changes)) => state.apply_all(&ctx, changes),
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-                state.wake_waiting();
+                window.get_or_insert_with(|| tokio::time::Instant::now() + ctx.options.batch_window);
             }
-            // Dirty objects left from the last chunk: no waiting for a change before the next.
-            _ = std::future::ready(()), if more => {}
+            // The window ends however fast changes keep coming.
+            _ = tokio::time::sleep_until(window.unwrap_or_else(tokio::time::Instant::now)), if window.is_some() => {
+                window = None;
+                state.wake_waiting();
+                // The echoes of the last writes (a release) come after their reconcile ended.
+                let idle = state.queue.is_idle();
+                state.set_gauges(&ctx, idle);
+            }
+            Some((uid, done)) = running.next(), if !running.is_empty() => state.finish(&ctx, uid, done),
         }
-        if state.synced(&ctx) && ctx.snapshot.read().await.is_some() {
-            ctx.synced.store(true, Ordering::Relaxed);
-            if !state.dirty.is_empty() {
-                // A shutdown in the middle of a batch: no object's writes start after it, those
-                // in flight finish (each ends with its release), then the loop ends. The
-                // manifests' terminationGracePeriodSeconds leave time for that.
-                let stopping = AtomicBool::new(false);
-                let processed = state.process(&ctx, &stopping);
-                tokio::pin!(processed);
-                tokio::select! {
-                    _ = &mut processed => {}
-                    _ = &mut shutdown => {
-                        stopping.store(true, Ordering::Relaxed);
-                        info!("shutting down: finishing the objects being written");
-                        processed.await;
-                        break Ok(());
-                    }
-                }
+        if state.synced(&ctx) {
+            let snapshot = ctx.snapshot.read().await.clone();
+            if let Some(snapshot) = snapshot {
+                ctx.synced.store(true, Ordering::Relaxed);
+                // A reconcile starts as soon as another ends: no chunk waits for its slowest.
+                state.start(&ctx, &snapshot, &mut running);
             }
         }
     };
@@ -480,53 +552,18 @@ mod tests {
         let mut uids = state.live.uids_of("Server");
         uids.sort();
         assert_eq!(uids, ["y", "z"]);
-        assert!(!state.dirty.contains_key("x") && state.retries.is_empty(), "x is forgotten everywhere");
+        assert!(!state.queue.is_waiting("x") && state.retries.is_empty(), "x is forgotten everywhere");
     }
 
-    fn pending(seconds_ago: u64, changed: bool) -> Pending {
-        Pending { seen: Instant::now() - Duration::from_secs(seconds_ago), changed }
-    }
-
-    fn sorted(chunk: &HashMap<Uid, Instant>) -> Vec<&str> {
-        let mut uids: Vec<&str> = chunk.keys().map(|u| &**u).collect();
+    /// The objects waiting, sorted; taken (and their reconciles ended), so none waits after.
+    fn take_dirty(state: &mut Loop) -> Vec<String> {
+        let taken: Vec<Uid> = std::iter::from_fn(|| state.queue.take()).map(|(uid, _)| uid).collect();
+        for uid in &taken {
+            state.queue.finish(uid);
+        }
+        let mut uids: Vec<String> = taken.iter().map(|u| u.to_string()).collect();
         uids.sort();
         uids
-    }
-
-    /// Issue 22: a chunk takes what changed before what was only woken, the most recent first,
-    /// keeps the time each became dirty, and leaves the rest dirty; the last takes everything.
-    #[test]
-    fn a_chunk_takes_the_newest_changes_first_and_wakeups_last() {
-        let mut dirty: HashMap<Uid, Pending> = [
-            ("old", pending(30, true)),
-            ("new", pending(1, true)),
-            ("mid", pending(10, true)),
-            ("woken-new", pending(0, false)),
-            ("woken-old", pending(20, false)),
-        ]
-        .into_iter()
-        .map(|(uid, p)| (Uid::from(uid), p))
-        .collect();
-        let seen_new = dirty["new"].seen;
-        let first = next_chunk(&mut dirty, 2);
-        assert_eq!(sorted(&first), ["mid", "new"]);
-        assert_eq!(first[&Uid::from("new")], seen_new, "the time it became dirty is kept");
-        assert_eq!(sorted(&next_chunk(&mut dirty, 2)), ["old", "woken-new"], "the last change, then a wake-up");
-        assert_eq!(sorted(&next_chunk(&mut dirty, 2)), ["woken-old"]);
-        assert!(dirty.is_empty());
-    }
-
-    /// A change to an object already woken makes it a change (it keeps its time); a wake-up of
-    /// an object already dirty changes nothing.
-    #[test]
-    fn a_change_outranks_a_wakeup_of_the_same_object() {
-        let mut state = Loop::new(vec![]);
-        state.wake([Uid::from("a")]);
-        let seen = state.dirty["a"].seen;
-        state.changed("a".into());
-        assert_eq!(state.dirty["a"], Pending { seen, changed: true });
-        state.wake([Uid::from("a")]);
-        assert_eq!(state.dirty["a"], Pending { seen, changed: true });
     }
 
     /// Issue 22: the watch events of an object's own writes (quiesce, status, release) make
@@ -542,24 +579,70 @@ mod tests {
             Change::Upsert(Box::new(server.compact()))
         };
         state.apply(&ctx, at("1", None));
-        state.dirty.clear();
+        take_dirty(&mut state);
         state.echoes.insert("s".into(), ["2", "3", "4"].map(String::from).to_vec());
         // The quiesce's echo is lost (a watch resumed past it): the status write's passes it.
         state.apply(&ctx, at("3", Some(serde_json::json!({"state": "Reserved"}))));
-        assert!(state.dirty.is_empty() && state.server_changed, "an echo: not dirty, but held claims are woken");
+        assert!(state.queue.waiting() == 0 && state.server_changed, "an echo: not dirty, but held claims are woken");
         assert_eq!(state.echoes["s"], ["4"]);
         state.apply(&ctx, at("4", Some(serde_json::json!({"state": "Reserved"}))));
-        assert!(state.dirty.is_empty() && state.echoes.is_empty(), "the last echo ends the wait");
+        assert!(state.queue.waiting() == 0 && state.echoes.is_empty(), "the last echo ends the wait");
         state.apply(&ctx, at("5", Some(serde_json::json!({"state": "Available"}))));
-        assert!(state.dirty.contains_key("s"), "another writer's change is reconciled");
+        assert!(state.queue.is_waiting("s"), "another writer's change is reconciled");
 
-        state.dirty.clear();
+        take_dirty(&mut state);
         state.echoes.insert("s".into(), ["7", "8"].map(String::from).to_vec());
         state.apply(&ctx, at("6", None));
-        assert!(state.dirty.contains_key("s") && state.echoes.is_empty(), "not one of its writes: dirty, wait over");
+        assert!(state.queue.is_waiting("s") && state.echoes.is_empty(), "not one of its writes: dirty, wait over");
         state.echoes.insert("s".into(), ["9"].map(String::from).to_vec());
         state.apply(&ctx, Change::Delete("s".into()));
         assert!(state.echoes.is_empty(), "a deleted object's echoes are forgotten");
+    }
+
+    /// Issue 22: the events of an object in flight wait for its reconcile to end: the echoes
+    /// of the writes it made then make nothing dirty, an echo still to come is expected, and
+    /// another writer's change makes it dirty again (it starts again once its reconcile ended,
+    /// never twice at once); the end of the reconcile of an object deleted meanwhile changes
+    /// nothing.
+    #[tokio::test]
+    async fn the_events_of_an_object_in_flight_are_judged_when_its_reconcile_ends() {
+        let ctx = context();
+        let mut state = state(&ctx);
+        let at = |version: &str| {
+            let mut server = fixtures::live("Server", "s", &[uuid("s")], None);
+            server.resource_version = version.into();
+            Change::Upsert(Box::new(server.compact()))
+        };
+        let wrote = |versions: &[&str]| {
+            Ok(Done { next: Next::Settled, wrote: versions.iter().map(|v| v.to_string()).collect() })
+        };
+        state.apply(&ctx, at("1"));
+        let (uid, _) = state.queue.take().unwrap();
+        state.flying.insert(uid.clone(), vec![]);
+        state.apply(&ctx, at("2"));
+        state.apply(&ctx, at("3"));
+        assert!(!state.queue.is_waiting("s"), "not judged while in flight");
+        state.finish(&ctx, uid.clone(), wrote(&["2", "3", "4"]));
+        assert_eq!(state.queue.waiting(), 0, "its own writes' echoes");
+        assert_eq!(state.echoes["s"], ["4"], "the release's echo is still to come");
+        assert!(!state.queue.in_flight("s") && state.flying.is_empty());
+
+        state.apply(&ctx, at("4"));
+        state.changed(uid.clone());
+        let (uid, _) = state.queue.take().unwrap();
+        state.flying.insert(uid.clone(), vec![]);
+        state.apply(&ctx, at("5"));
+        state.apply(&ctx, at("6"));
+        assert!(state.queue.take().is_none(), "never twice at once");
+        state.finish(&ctx, uid.clone(), wrote(&["6"]));
+        assert!(state.queue.is_waiting("s"), "5 was another writer's: dirty again");
+
+        let (uid, _) = state.queue.take().unwrap();
+        state.flying.insert(uid.clone(), vec![]);
+        state.apply(&ctx, Change::Delete("s".into()));
+        state.finish(&ctx, uid, Err(Error::RestoreFailed { object: "s".into(), reason: "gone".into() }));
+        assert!(state.queue.is_idle() && state.retries.is_empty() && state.echoes.is_empty());
+        assert_eq!(ctx.metrics.errors.get(), 0, "a deleted object's failure is not counted");
     }
 
     /// Issue 21, item 4: a claim restatus holds until its Server is Reserved for it is tried
@@ -583,29 +666,26 @@ mod tests {
         state.apply(&ctx, Change::Upsert(Box::new(claim)));
         state.apply(&ctx, Change::Upsert(Box::new(free)));
         state.wake_waiting();
-        state.dirty.clear();
+        take_dirty(&mut state);
         state.apply(&ctx, Change::Upsert(server(None)));
-        assert_eq!(state.dirty.len(), 1, "not before the batch ends");
+        assert_eq!(state.queue.waiting(), 1, "not before the batch ends");
         state.wake_waiting();
-        let mut dirty: Vec<&str> = state.dirty.keys().map(|u| &**u).collect();
-        dirty.sort();
-        assert_eq!(dirty, ["c", "s"], "a Server arrived: the held claim is tried again, the free one is not");
-        state.dirty.clear();
+        assert_eq!(
+            take_dirty(&mut state),
+            ["c", "s"],
+            "a Server arrived: the held claim is tried again, the free one is not"
+        );
         state.apply(&ctx, Change::Upsert(server(None)));
         state.wake_waiting();
-        assert_eq!(state.dirty.keys().map(|u| &**u).collect::<Vec<_>>(), ["s"], "the same status: only itself");
-        state.dirty.clear();
+        assert_eq!(take_dirty(&mut state), ["s"], "the same status: only itself");
         // Twice in one batch: the held claims are looked for once, after it.
         state.apply(&ctx, Change::Upsert(server(Some(serde_json::json!({"state": "Reserved"})))));
-        assert_eq!(state.dirty.len(), 1, "not before the batch ends");
+        assert_eq!(state.queue.waiting(), 1, "not before the batch ends");
         state.wake_waiting();
-        let mut dirty: Vec<&str> = state.dirty.keys().map(|u| &**u).collect();
-        dirty.sort();
-        assert_eq!(dirty, ["c", "s"], "the held claim is tried again, the free one is not");
-        state.dirty.clear();
+        assert_eq!(take_dirty(&mut state), ["c", "s"], "the held claim is tried again, the free one is not");
         state.apply(&ctx, Change::Upsert(server(Some(serde_json::json!({"state": "Reserved"})))));
         state.wake_waiting();
-        assert_eq!(state.dirty.len(), 1, "unchanged again");
+        assert_eq!(state.queue.waiting(), 1, "unchanged again");
     }
 
     #[tokio::test]

@@ -1,16 +1,13 @@
 //! Reconciling: each dirty object planned on its neighbourhood (its records, the live objects
 //! that share their keys) with the one-shot restore's plan, and applied when it writes.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, future, stream};
 use tracing::info;
 
 use super::Context;
 use super::index::{LiveIndex, SnapshotIndex, Uid};
-use super::retry::Retries;
 use crate::domain::identity::KindProfile;
 use crate::domain::live::LiveObject;
 use crate::domain::pairing::{METAL_GROUP, ServerIdentity, servers_of_bmc};
@@ -44,65 +41,51 @@ impl From<Next> for Done {
     }
 }
 
-/// Plans and applies every dirty object, kinds in profile order. Returns each object's uid and
-/// what became of it; an error waits for a retry after a backoff, as [`Next::Retry`] does.
-pub(super) async fn process(
-    ctx: &Context,
-    kinds: &[KindProfile],
-    live: &LiveIndex,
-    retries: &Retries,
-    dirty: HashMap<Uid, Instant>,
-    stopping: &AtomicBool,
-) -> Vec<(Uid, Result<Done>)> {
-    let Some(snapshot) = ctx.snapshot.read().await.clone() else { return vec![] };
-    let limit = ctx.options.write_limit.as_ref();
-    if let Some(limit) = limit {
-        ctx.metrics.write_limit(limit);
-    }
-    let mut results = Vec::with_capacity(dirty.len());
-    for kind in kinds {
-        let mut uids: Vec<(usize, &Uid, &Instant)> = dirty
-            .iter()
-            .filter(|(uid, _)| live.kind_of(uid) == Some(kind.kind.as_str()))
-            .map(|(uid, seen)| (live.position(uid, &snapshot), uid, seen))
-            .collect();
-        // In payload order: each frame of the payload is decompressed once.
-        uids.sort_unstable();
-        let done: Vec<(Uid, Result<Done>)> = stream::iter(uids)
-            .take_while(|_| future::ready(!stopping.load(Ordering::Relaxed)))
-            .map(|(_, uid, seen)| {
-                let snapshot = snapshot.clone();
-                async move {
-                    let dirty = Dirty { uid, seen: *seen, failing: retries.contains(uid) };
-                    let done = reconcile_uid(ctx, kind, &snapshot, live, dirty).await;
-                    // The limit moves only on the answers to writes: exported as each ends.
-                    if let Some(limit) = limit {
-                        ctx.metrics.write_limit(limit);
-                    }
-                    (uid.clone(), done)
-                }
-            })
-            .buffer_unordered(ctx.options.concurrency.max(1))
-            .collect()
-            .await;
-        results.extend(done);
-    }
-    results
+/// A dirty object's reconcile as it starts: what it is planned on, read from the indexes
+/// then (the main loop goes on changing them while it runs).
+pub(super) struct Work {
+    kind: KindProfile,
+    snapshot: Arc<SnapshotIndex>,
+    records: Records,
+    objects: Vec<LiveObject>,
+    servers: Vec<ServerIdentity>,
+    uid: Uid,
+    seen: Instant,
+    failing: bool,
 }
 
-/// One dirty object of the live index: its neighbourhood read, then [`reconcile`]d. An object
-/// gone from the index meanwhile is settled.
-async fn reconcile_uid(
-    ctx: &Context,
-    kind: &KindProfile,
-    snapshot: &SnapshotIndex,
-    live: &LiveIndex,
-    dirty: Dirty<'_>,
-) -> Result<Done> {
-    let Some(neighbourhood) = live.neighbourhood(dirty.uid, snapshot) else { return Ok(Next::Settled.into()) };
-    let (records, objects) = neighbourhood?;
-    let servers = bmc_servers(kind, snapshot, live, &objects, dirty.uid)?;
-    reconcile(ctx, kind, snapshot, (&records, &objects, &servers), dirty).await
+impl Work {
+    /// Reads the neighbourhood of the dirty object `uid` of `kind`, dirty since `seen`, whose
+    /// last restore failed if `failing`. `None` for an object the index no longer holds.
+    pub(super) fn prepare(
+        kind: &KindProfile,
+        snapshot: &Arc<SnapshotIndex>,
+        live: &LiveIndex,
+        (uid, seen, failing): (Uid, Instant, bool),
+    ) -> Option<Result<Work>> {
+        let (records, objects) = match live.neighbourhood(&uid, snapshot)? {
+            Ok(neighbourhood) => neighbourhood,
+            Err(e) => return Some(Err(e)),
+        };
+        let servers = match bmc_servers(kind, snapshot, live, &objects, &uid) {
+            Ok(servers) => servers,
+            Err(e) => return Some(Err(e)),
+        };
+        let kind = kind.clone();
+        Some(Ok(Work { kind, snapshot: snapshot.clone(), records, objects, servers, uid, seen, failing }))
+    }
+
+    /// Plans and applies it (see [`reconcile`]).
+    pub(super) async fn run(self, ctx: Arc<Context>) -> Result<Done> {
+        let dirty = Dirty { uid: &self.uid, seen: self.seen, failing: self.failing };
+        let neighbourhood = (&self.records, &self.objects[..], &self.servers[..]);
+        let done = reconcile(&ctx, &self.kind, &self.snapshot, neighbourhood, dirty).await;
+        // The limit moves only on the answers to writes: exported as each object ends.
+        if let Some(limit) = ctx.options.write_limit.as_ref() {
+            ctx.metrics.write_limit(limit);
+        }
+        done
+    }
 }
 
 /// For a BMC restatus holds: the live Servers that share an identity key (systemUUID) with a
