@@ -24,6 +24,7 @@
 #[allow(dead_code)]
 mod support;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -83,6 +84,75 @@ impl BedCpu {
     }
 }
 
+/// The target API server's own count of the requests it served (`apiserver_request_total`),
+/// by verb and resource (`resource/subresource`); watches left out (counted when they start).
+#[derive(Default)]
+struct Requests(BTreeMap<(String, String), f64>);
+
+impl Requests {
+    async fn now(client: &kube::Client) -> Requests {
+        let request = http::Request::get("/metrics").body(Vec::new()).expect("a GET of /metrics");
+        let text = client.request_text(request).await.expect("the API server's /metrics");
+        let mut counts = BTreeMap::new();
+        for line in text.lines().filter_map(|l| l.strip_prefix("apiserver_request_total{")) {
+            let Some((labels, value)) = line.rsplit_once("} ") else { continue };
+            let label = |name: &str| {
+                let prefix = format!("{name}=\"");
+                labels.split(',').find_map(|l| l.strip_prefix(prefix.as_str())).map_or("", |v| v.trim_end_matches('"'))
+            };
+            let verb = label("verb");
+            if verb == "WATCH" {
+                continue;
+            }
+            let resource = match label("subresource") {
+                "" => label("resource").to_string(),
+                sub => format!("{}/{sub}", label("resource")),
+            };
+            *counts.entry((verb.to_string(), resource)).or_default() += value.parse::<f64>().unwrap_or(0.0);
+        }
+        Requests(counts)
+    }
+
+    /// What was served since `before`.
+    fn since(self, before: &Requests) -> Requests {
+        let mut counts = self.0;
+        for (key, count) in counts.iter_mut() {
+            *count -= before.0.get(key).copied().unwrap_or(0.0);
+        }
+        counts.retain(|_, count| *count > 0.0);
+        Requests(counts)
+    }
+
+    fn total(&self) -> f64 {
+        self.0.values().sum()
+    }
+
+    /// Requests of these verbs to these resources.
+    fn of(&self, verbs: &[&str], resources: &[&str]) -> f64 {
+        let wanted = |(verb, resource): &(String, String)| {
+            verbs.contains(&verb.as_str()) && resources.contains(&resource.as_str())
+        };
+        self.0.iter().filter(|(key, _)| wanted(key)).map(|(_, count)| count).sum()
+    }
+
+    /// Every verb and resource with its count, the largest first.
+    fn breakdown(&self) -> String {
+        let mut counts: Vec<_> = self.0.iter().collect();
+        counts.sort_by(|a, b| b.1.total_cmp(a.1));
+        counts
+            .iter()
+            .map(|((verb, resource), count)| format!("{verb} {resource} {count}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The writes of a restore: quiesce, status and release of Servers and claims, and Events.
+fn writes(requests: &Requests) -> f64 {
+    let objects = ["servers", "servers/status", "serverclaims", "serverclaims/status"];
+    requests.of(&["PATCH", "PUT"], &objects) + requests.of(&["POST"], &["events"])
+}
+
 /// Makes `spec`'s fleet on a cluster: Servers into its etcd, the claims through its API.
 async fn arrive(client: &kube::Client, etcd_url: &str, spec: &FleetSpec) {
     let etcd = EtcdTarget {
@@ -132,10 +202,12 @@ async fn main() {
         let once_arrival = started.elapsed();
         let arrival_cpu = bed_cpu.since();
         let bed_cpu = BedCpu::now();
+        let requests = Requests::now(&target).await;
         let selector = format!("{FLEET_LABEL}={once}");
         let (once_wall, once_rss, once_cpu) =
             timed_cpu(&["restore", "--kubeconfig", &target_config, "--selector", &selector], &storage, &once);
         let restore_cpu = bed_cpu.since();
+        let requests = Requests::now(&target).await.since(&requests);
         println!(
             "{n} Servers + {claims} claims, one-shot: arrival {:.1} s, then restore {:.1} s, peak RSS {} KiB",
             once_arrival.as_secs_f64(),
@@ -145,6 +217,14 @@ async fn main() {
         println!(
             "  CPU seconds: the arrival took kube-apiserver {:.1}, etcd {:.1}; the restore took restatus {once_cpu:.1}, kube-apiserver {:.1}, etcd {:.1}",
             arrival_cpu.0, arrival_cpu.1, restore_cpu.0, restore_cpu.1
+        );
+        let objects = (n + claims) as f64;
+        println!(
+            "  requests the API server served during the restore: {:.2} an object ({} in all; writes {:.2} an object): {}",
+            requests.total() / objects,
+            requests.total(),
+            writes(&requests) / objects,
+            requests.breakdown()
         );
 
         // Controller: running and ready, then the fleet arrives, and the probes one by one.
@@ -165,6 +245,7 @@ async fn main() {
             assert!(ready.elapsed() < Duration::from_secs(300), "the controller is not ready after 300 s");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        let requests = Requests::now(&target).await;
         let started = Instant::now();
         let (bed_cpu, controller_cpu) = (BedCpu::now(), cpu_seconds_of(controller.child.id()));
         let arriving = tokio::spawn({
@@ -189,6 +270,7 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         };
         let (controller_cpu, bed_cpu) = (cpu_seconds_of(controller.child.id()) - controller_cpu, bed_cpu.since());
+        let requests = Requests::now(&target).await.since(&requests);
         let arrival = arrived.expect("arrived");
         let after = done.saturating_sub(arrival);
         let mut latencies = probing.await.expect("the probes");
@@ -223,9 +305,20 @@ async fn main() {
             .map(|(verdict, count)| format!("{verdict} {count}"))
             .collect();
         println!(
-            "  controller decisions: {} (objects {total}), errors {}",
+            "  controller decisions: {} (objects {total}), errors {}; write limit at the end {}, halvings {}",
             decisions.join(", "),
-            metric(&metrics, "restatus_errors_total")
+            metric(&metrics, "restatus_errors_total"),
+            metric(&metrics, "restatus_write_limit"),
+            metric(&metrics, "restatus_write_limit_halvings")
+        );
+        // The bench's own requests are among them: the claims' creation (POST serverclaims),
+        // the probes' (POST servers) and their polls (GET servers), its LISTs.
+        println!(
+            "  requests the API server served from the start of the arrival: writes {:.2} an object, GET serverclaims {:.2} an object (GET servers, with the probes' polls, {}): {}",
+            writes(&requests) / total,
+            requests.of(&["GET"], &["serverclaims"]) / total,
+            requests.of(&["GET"], &["servers"]),
+            requests.breakdown()
         );
         println!("ratio controller / one-shot: {:.2}", after.as_secs_f64() / once_wall.as_secs_f64());
         rows.push((n, run, once_wall, once_rss, median, after, peak));

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use super::index::SnapshotIndex;
 use super::metrics::Metrics;
 use crate::domain::identity::Profile;
+use crate::domain::pairing::Views;
 use crate::format::{Manifest, Records};
 use crate::k8s::Writer;
 use crate::store::{Accept, Loaded, SnapshotStore, Tail, choose_newer, choose_snapshot, read_on};
@@ -71,6 +72,10 @@ pub struct Context {
     pub(super) journal: tokio::sync::Mutex<Journal>,
     /// What `/readyz` says of the snapshot in use: its id, or the point of its journal.
     in_use: std::sync::Mutex<Option<String>>,
+    /// The pairing of metal-operator's Servers and ServerClaims as the watches see it, kept
+    /// as each event comes: the look-ups a release would make that it answers are saved (see
+    /// `restore::Applier::with_known_pairs`).
+    pub(super) pairs: std::sync::RwLock<Views>,
 }
 
 /// The controller's position in the journal of the snapshot in use.
@@ -121,7 +126,13 @@ impl Context {
             summaries: Default::default(),
             journal: Default::default(),
             in_use: Default::default(),
+            pairs: Default::default(),
         })
+    }
+
+    /// The pairing as the watches see it, to change.
+    pub(super) fn pairs(&self) -> std::sync::RwLockWriteGuard<'_, Views> {
+        self.pairs.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// What `/readyz` says of the snapshot in use, if one is loaded.

@@ -116,6 +116,17 @@ impl LiveIndex {
         }
     }
 
+    /// The other live objects that carry one of the object's keys.
+    pub fn sharing_keys(&self, uid: &str) -> Vec<Uid> {
+        let Some(entry) = self.objects.get(uid) else { return vec![] };
+        let mut uids: Vec<Uid> =
+            self.digests(entry).flat_map(|d| self.by_key.get(&d).into_iter().flatten()).cloned().collect();
+        uids.retain(|u| &**u != uid);
+        uids.sort();
+        uids.dedup();
+        uids
+    }
+
     pub fn contains(&self, uid: &str) -> bool {
         self.objects.contains_key(uid)
     }

@@ -62,6 +62,10 @@ struct Loop {
     retries: Retries,
     /// Kinds listed at least once.
     listed: HashSet<String>,
+    /// Kinds being listed (again) now: no reconcile starts meanwhile, so that none is planned
+    /// on an index that still holds objects deleted while the watch was away (two Servers with
+    /// one systemUUID, say: ambiguous) or lacks some that are there.
+    listing: HashSet<String>,
     /// A Server or ServerClaim arrived since the last batch: any held object may wait for it.
     partner_arrived: bool,
     /// A Server's status changed since the last batch: a held claim may wait for it to be
@@ -86,6 +90,7 @@ impl Loop {
             queue: WorkQueue::default(),
             retries: Retries::default(),
             listed: HashSet::new(),
+            listing: HashSet::new(),
             partner_arrived: false,
             server_changed: false,
             echoes: HashMap::new(),
@@ -125,6 +130,9 @@ impl Loop {
                 }
             }
             Change::Delete(uid) => self.forget(&uid),
+            Change::Listing { kind } => {
+                self.listing.insert(kind);
+            }
             Change::Listed { kind, uids } => {
                 // A re-list (after 410 Gone or an API server restart) is the whole truth:
                 // objects it does not hold are gone.
@@ -132,9 +140,14 @@ impl Loop {
                     self.forget(&uid);
                 }
                 ctx.kind_available(&kind);
+                self.listing.remove(&kind);
                 self.listed.insert(kind);
             }
-            Change::Unavailable { kind, reason } => ctx.kind_unavailable(&kind, &reason),
+            Change::Unavailable { kind, reason } => {
+                // Its list failed: nothing of it is coming to wait for.
+                self.listing.remove(&kind);
+                ctx.kind_unavailable(&kind, &reason);
+            }
         }
     }
 
@@ -195,7 +208,12 @@ impl Loop {
         }
     }
 
+    /// The object is gone. Those that shared a key with it are planned again: planned beside
+    /// it, one may have matched nothing of the snapshot (its record went to this one, or both
+    /// were ambiguous).
     fn forget(&mut self, uid: &str) {
+        let sharing = self.live.sharing_keys(uid);
+        self.wake(sharing);
         self.queue.remove(uid);
         self.echoes.remove(uid);
         self.retries.settled(uid);
@@ -208,8 +226,12 @@ impl Loop {
     }
 
     /// Starts the best waiting objects (see [`WorkQueue`]) until `concurrency` are in flight,
-    /// each planned on its neighbourhood as the indexes hold it now.
+    /// each planned on its neighbourhood as the indexes hold it now; none while a kind is
+    /// being listed (again).
     fn start(&mut self, ctx: &Arc<Context>, snapshot: &Arc<SnapshotIndex>, running: &mut Running) {
+        if !self.listing.is_empty() {
+            return;
+        }
         while self.queue.running() < ctx.options.concurrency.max(1) {
             let Some((uid, seen)) = self.queue.take() else { break };
             let kind = self.live.kind_of(&uid).and_then(|kind| self.kinds.iter().find(|k| k.kind == kind));
@@ -547,12 +569,29 @@ mod tests {
         state.retries.failed("x", Instant::now());
         // After an API server restart the watch lists again: x was deleted meanwhile, and z
         // came with x's identity key.
+        // Nothing starts until the list is complete: z planned beside x, which the index still
+        // holds, would be ambiguous.
+        let at = jiff::Timestamp::now();
+        let manifest = fixtures::manifest(crate::format::SnapshotId::new(at), at);
+        let snapshot = Arc::new(SnapshotIndex::new(manifest, Records::from_records(vec![])));
+        let mut running = Running::default();
+        state.apply(&ctx, Change::Listing { kind: "Server".into() });
         state.apply(&ctx, Change::Upsert(Box::new(fixtures::live("Server", "z", &[uuid("x")], None))));
+        state.start(&ctx, &snapshot, &mut running);
+        assert_eq!((state.queue.running(), running.is_empty()), (0, true), "nothing starts while a kind is listed");
         state.apply(&ctx, Change::Listed { kind: "Server".into(), uids: ["y", "z"].map(String::from).into() });
         let mut uids = state.live.uids_of("Server");
         uids.sort();
         assert_eq!(uids, ["y", "z"]);
         assert!(!state.queue.is_waiting("x") && state.retries.is_empty(), "x is forgotten everywhere");
+        assert!(state.queue.is_waiting("z"), "z, which shared x's key, is planned again without it");
+        state.start(&ctx, &snapshot, &mut running);
+        let started = (state.queue.running(), state.queue.waiting());
+        assert_eq!(started, (1, 1), "y and z start once the list is complete, one at a time (concurrency 1)");
+        // A kind whose list fails (not served, forbidden) holds nothing back.
+        state.apply(&ctx, Change::Listing { kind: "BMC".into() });
+        state.apply(&ctx, Change::Unavailable { kind: "BMC".into(), reason: "not served".into() });
+        assert!(state.listing.is_empty());
     }
 
     /// The objects waiting, sorted; taken (and their reconciles ended), so none waits after.

@@ -150,7 +150,8 @@ async fn reconcile(
     let writer = ctx.writer.get_or_try_init(|| Writer::new(&ctx.client, &ctx.options.profile)).await?;
     let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
         .with_snapshot_records(&snapshot.records, &snapshot.system_servers)
-        .with_live_servers(servers);
+        .with_live_servers(servers)
+        .with_known_pairs(&ctx.pairs);
     let outcome = applier.apply_item(kind, item, objects).await;
     {
         let mut summaries = ctx.summaries.lock().unwrap_or_else(|e| e.into_inner());

@@ -12,6 +12,7 @@ use super::Context;
 use crate::domain::identity::KindProfile;
 use crate::domain::live::LiveObject;
 use crate::domain::object::RawObject;
+use crate::domain::pairing::{METAL_GROUP, View};
 use crate::k8s::watch::{RawResource, WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 
 /// What a watch tells the main loop.
@@ -19,6 +20,11 @@ use crate::k8s::watch::{RawResource, WatchEvent, WatchRequest, unavailable_reaso
 pub(super) enum Change {
     Upsert(Box<LiveObject>),
     Delete(String),
+    /// A kind is being listed (again): until [`Change::Listed`], the index may hold its
+    /// objects deleted meanwhile, and lacks some of those that are there.
+    Listing {
+        kind: String,
+    },
     /// A kind was listed (again): these are all its objects now.
     Listed {
         kind: String,
@@ -46,20 +52,31 @@ pub(super) async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: Sender)
     let mut events = watch_objects(&ctx.client, &kind, &request);
     loop {
         let change = match events.try_next().await {
-            Ok(Some(WatchEvent::Apply(o))) => upsert(&kind, &o),
+            Ok(Some(WatchEvent::Apply(o))) => upsert(&ctx, &kind, &o),
             Ok(Some(WatchEvent::InitApply(o))) => {
                 listing.extend(o.metadata.uid.clone());
-                upsert(&kind, &o)
+                upsert(&ctx, &kind, &o)
             }
-            Ok(Some(WatchEvent::Delete(o))) => o.metadata.uid.clone().map(Change::Delete),
+            Ok(Some(WatchEvent::Delete(o))) => {
+                if kind.group == METAL_GROUP {
+                    let (namespace, name) = (o.metadata.namespace.as_deref(), o.metadata.name.as_deref());
+                    ctx.pairs().remove(&kind.kind, namespace, name.unwrap_or_default());
+                }
+                o.metadata.uid.clone().map(Change::Delete)
+            }
             Ok(Some(WatchEvent::Init)) => {
                 // A (re-)list: the kind may have come with a CRD installed or upgraded since the
-                // writer asked discovery about it; its next write asks again.
+                // writer asked discovery about it; its next write asks again. What was seen of
+                // its pairing is forgotten: an object deleted while the watch was away is not
+                // in the list.
                 if let Some(writer) = ctx.writer.get() {
                     writer.forget(&kind);
                 }
+                if kind.group == METAL_GROUP {
+                    ctx.pairs().clear(&kind.kind);
+                }
                 listing.clear();
-                None
+                Some(Change::Listing { kind: kind.kind.clone() })
             }
             Ok(Some(WatchEvent::InitDone)) => {
                 Some(Change::Listed { kind: kind.kind.clone(), uids: std::mem::take(&mut listing) })
@@ -157,7 +174,7 @@ impl Sender {
             let uid = match &change {
                 Change::Upsert(object) => Some(object.uid.as_str()),
                 Change::Delete(uid) => Some(uid.as_str()),
-                Change::Listed { .. } | Change::Unavailable { .. } => None,
+                Change::Listing { .. } | Change::Listed { .. } | Change::Unavailable { .. } => None,
             };
             match uid {
                 Some(uid) => match queue.slot.get(uid) {
@@ -182,10 +199,16 @@ impl Drop for Sender {
 }
 
 /// The object as the index keeps it: its status as digests, not JSON (see
-/// [`LiveObject::compact`]), already here, so that what waits in the inbox is small too.
-fn upsert(kind: &KindProfile, object: &RawResource) -> Option<Change> {
+/// [`LiveObject::compact`]), already here, so that what waits in the inbox is small too. Its
+/// side of the pairing (a Server's or claim's) is known from now on.
+fn upsert(ctx: &Context, kind: &KindProfile, object: &RawResource) -> Option<Change> {
     match RawObject::parse(object.json()) {
-        Ok(raw) => Some(Change::Upsert(Box::new(LiveObject::from_raw(kind, &raw).compact()))),
+        Ok(raw) => {
+            if let Some(view) = View::of(kind, &raw) {
+                ctx.pairs().add(view);
+            }
+            Some(Change::Upsert(Box::new(LiveObject::from_raw(kind, &raw).compact())))
+        }
         Err(e) => {
             warn!(kind = kind.kind, error = %e, "object not understood; skipped");
             None
@@ -213,6 +236,7 @@ mod tests {
             .map(|c| match c {
                 Change::Upsert(o) => format!("{}@{}", o.uid, o.resource_version),
                 Change::Delete(uid) => format!("-{uid}"),
+                Change::Listing { kind } => format!("listing {kind}"),
                 Change::Listed { kind, .. } => format!("listed {kind}"),
                 Change::Unavailable { kind, .. } => format!("unavailable {kind}"),
             })

@@ -175,6 +175,36 @@ impl Views {
         self.extend(servers.into_values().map(View::Server).chain(claims.into_values().map(View::Claim)));
     }
 
+    /// Forgets every object of `kind` (`Server` or `ServerClaim`): a re-list of it follows.
+    pub fn clear(&mut self, kind: &str) {
+        match kind {
+            "Server" => {
+                self.servers.clear();
+                self.free_servers.clear();
+            }
+            "ServerClaim" => {
+                self.claims.clear();
+                self.free_claims.clear();
+            }
+            _ => {}
+        }
+    }
+
+    /// The claim `namespace/name` was seen (in whatever phase) and not seen gone.
+    pub fn has_claim(&self, namespace: &str, name: &str) -> bool {
+        !matches!(self.claim(namespace, name), Partner::Missing)
+    }
+
+    /// The Server `server` was last seen Reserved for the claim `namespace/name`.
+    pub fn reserved_for(&self, server: &str, namespace: &str, name: &str) -> bool {
+        match self.server(server) {
+            Partner::Whole(s) => {
+                s.state == "Reserved" && s.claim.as_ref().is_some_and(|(ns, n)| ns == namespace && n == name)
+            }
+            Partner::Free(_) | Partner::Missing => false,
+        }
+    }
+
     /// The Servers and claims that take part in a pairing.
     pub fn servers(&self) -> impl Iterator<Item = &ServerView> + Clone {
         self.servers.values()
@@ -431,6 +461,33 @@ mod tests {
         assert_eq!(views.servers().count(), 0, "a free Server is kept by its state alone");
         let reasons: Vec<String> = views.check().into_iter().map(|v| v.reason).collect();
         assert_eq!(reasons, ["Bound to Server s1, which is \"Available\", not Reserved"]);
+    }
+
+    /// Issue 22, item 3: what the controller's watches saw answers a release's look-ups with
+    /// positive facts only: a claim seen and not seen gone, a Server last seen Reserved for the
+    /// claim; a Server that moved on, one Reserved for another claim, one never seen, or one
+    /// whose kind is being listed again is not.
+    #[test]
+    fn seen_claims_and_reservations_are_known_and_nothing_else() {
+        let mut views = Views::default();
+        views.add(View::Claim(claim("a", "c1", "", None)));
+        views.add(View::Server(server("s1", "Reserved", Some(("a", "c1")))));
+        views.add(View::Server(server("s2", "Reserved", Some(("a", "other")))));
+        views.add(View::Server(server("s3", "Available", None)));
+        assert!(views.has_claim("a", "c1") && !views.has_claim("a", "c2") && !views.has_claim("b", "c1"));
+        assert!(views.reserved_for("s1", "a", "c1"));
+        assert!(!views.reserved_for("s2", "a", "c1") && !views.reserved_for("s3", "a", "c1"));
+        assert!(!views.reserved_for("s4", "a", "c1"), "never seen");
+        views.add(View::Server(server("s1", "Available", Some(("a", "c1")))));
+        assert!(!views.reserved_for("s1", "a", "c1"), "moved on");
+        views.add(View::Server(server("s1", "Reserved", Some(("a", "c1")))));
+        views.remove("ServerClaim", Some("a"), "c1");
+        assert!(!views.has_claim("a", "c1"), "seen gone");
+        views.add(View::Claim(claim("a", "c1", "Bound", Some("s1"))));
+        views.clear("Server");
+        assert!(!views.reserved_for("s1", "a", "c1") && views.has_claim("a", "c1"), "Servers listed again");
+        views.clear("ServerClaim");
+        assert!(!views.has_claim("a", "c1"));
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
 use crate::domain::pairing::{
-    ClaimView, METAL_GROUP, ServerIdentity, ServerThere, ServerView, SystemServers, View, claim_waits_for,
+    ClaimView, METAL_GROUP, ServerIdentity, ServerThere, ServerView, SystemServers, View, Views, claim_waits_for,
     servers_not_there, servers_of_bmc,
 };
 use crate::domain::status;
@@ -83,6 +83,9 @@ pub struct Applier<'a> {
     system_servers: SystemServers,
     /// The target's Servers by identity, for what a BMC waits for.
     live_servers: LiveServers<'a>,
+    /// What the caller's watches saw of the pairing (the controller): a claim seen, a Server
+    /// seen Reserved for a claim, each a look-up saved (see [`Applier::with_known_pairs`]).
+    known_pairs: Option<&'a std::sync::RwLock<Views>>,
 }
 
 /// Where an applier finds the target's Servers by identity (see [`servers_not_there`]).
@@ -113,7 +116,26 @@ impl<'a> Applier<'a> {
             shared_system_servers: None,
             system_servers: SystemServers::default(),
             live_servers: LiveServers::Listed(tokio::sync::OnceCell::new()),
+            known_pairs: None,
         }
+    }
+
+    /// The pairing as the caller's watches see it, kept up to date as they run (the
+    /// controller's). Only what it knows saves a look-up: a bound Server's claim seen and not
+    /// seen gone, a Bound claim's Server last seen Reserved for it; anything else is read from
+    /// the API server as without it. Safe because the look-up it saves is no fresher in what
+    /// matters: a claim deleted (or a Server that moves on) after the watch saw it is a change
+    /// after the look-up too, a moment before the release, and a watch delivers it within the
+    /// moment a GET would have taken; a watch that lists again forgets what it saw of its kind
+    /// first.
+    pub fn with_known_pairs(mut self, pairs: &'a std::sync::RwLock<Views>) -> Self {
+        self.known_pairs = Some(pairs);
+        self
+    }
+
+    /// Whether `fact` holds of the known pairing (false without one).
+    fn known(&self, fact: impl FnOnce(&Views) -> bool) -> bool {
+        self.known_pairs.is_some_and(|pairs| fact(&pairs.read().unwrap_or_else(|e| e.into_inner())))
     }
 
     /// The target's Servers that a BMC's Servers may be, as the caller knows them (its live
@@ -634,6 +656,10 @@ impl<'a> WriteSequence<'a> {
                 _ => vec![],
             };
         for (kind, namespace, name) in wanted {
+            let ns = namespace.as_deref().unwrap_or_default();
+            if kind.kind == "ServerClaim" && self.applier.known(|pairs| pairs.has_claim(ns, &name)) {
+                continue;
+            }
             match self.applier.writer.get_named(kind, namespace.as_deref(), &name).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.is_not_found() => {
@@ -683,6 +709,10 @@ impl<'a> WriteSequence<'a> {
     /// What a claim waits for (see [`claim_waits_for`]): its Server, read by name.
     async fn claim_waits(&self, servers: &KindProfile, claim: &ClaimView) -> Result<Option<String>> {
         let Some(name) = claim.server.as_deref() else { return Ok(None) };
+        if claim.phase == "Bound" && self.applier.known(|pairs| pairs.reserved_for(name, &claim.namespace, &claim.name))
+        {
+            return Ok(None);
+        }
         let server = match self.applier.writer.get_named(servers, None, name).await {
             Ok(json) => {
                 let object = RawObject::parse(&json)
@@ -894,6 +924,20 @@ mod tests {
         F: FnOnce(Handle) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        restore_knowing(writer, record, None, script).await
+    }
+
+    /// [`restore_record`] by an applier that knows the pairing as `known` says.
+    async fn restore_knowing<F, Fut>(
+        writer: impl FnOnce(kube::Client) -> Writer,
+        record: Record,
+        known: Option<&std::sync::RwLock<Views>>,
+        script: F,
+    ) -> Outcome
+    where
+        F: FnOnce(Handle) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let (client, handle) = api::client();
         let api_server = tokio::spawn(script(handle));
         let profile = Profile::metal_operator();
@@ -902,7 +946,10 @@ mod tests {
         let manifest = manifest(SNAPSHOT.parse().unwrap(), ts(SNAPSHOT_TIME));
         let records = Records::from_records(vec![record]);
         let live = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
-        let applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        let mut applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        if let Some(known) = known {
+            applier = applier.with_known_pairs(known);
+        }
         let item = PlanItem {
             kind: "Server".into(),
             verdict: Verdict::Restore,
@@ -956,6 +1003,36 @@ mod tests {
         assert_eq!(outcome.versions, ["2", "3", "4"], "the versions its writes made: their watch events are echoes");
         let Some(View::Server(after)) = outcome.after else { panic!("no pairing view: {:?}", outcome.after) };
         assert_eq!(after.state, "Reserved");
+    }
+
+    /// Issue 22, item 3: a bound Server whose claim the controller's watches saw is released
+    /// without looking the claim up (three requests); one whose claim they have not seen is
+    /// looked up as without them, and held when it is not there.
+    #[tokio::test]
+    async fn a_bound_server_whose_claim_was_seen_is_released_without_a_look_up() {
+        let known = std::sync::RwLock::new(Views::default());
+        let writer = |client| Writer::scripted(client, &["Server"]);
+        let recorded = || record("Server", "server-1", &[uuid("uuid-1")], wanted());
+        let outcome = restore_knowing(writer, recorded(), Some(&known), |mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            claim_lookup(&mut api, StatusCode::NOT_FOUND).await;
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("4", quiesced(), wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER));
+            assert_eq!(echo(&mut api).await, (Method::POST, EVENTS.to_string()));
+        })
+        .await;
+        assert_eq!(outcome.held.as_deref(), Some("waits for ServerClaim a/claim-1"), "not seen: looked up");
+
+        let claim = ClaimView { namespace: "a".into(), name: "claim-1".into(), phase: String::new(), server: None };
+        known.write().unwrap().add(View::Claim(claim));
+        let outcome = restore_knowing(writer, recorded(), Some(&known), |mut api| async move {
+            quiesce_and_replace_status(&mut api).await;
+            let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
+            let (method, path, _) = answer(&mut api, StatusCode::OK, server("4", released, wanted())).await;
+            assert_eq!((method, path.as_str()), (Method::PUT, SERVER), "released, no look-up first");
+        })
+        .await;
+        assert_eq!((outcome.verdict, outcome.writes, outcome.error, outcome.held), (Verdict::Restore, 3, None, None));
     }
 
     #[tokio::test]
@@ -1012,6 +1089,16 @@ mod tests {
     /// answering the look-up of its Server with `server`; the claim is then released or kept
     /// quiesced as `released` says. Returns the outcome.
     async fn restore_claim(server: (StatusCode, String), released: bool) -> Outcome {
+        restore_claim_knowing(Some(server), released, None).await
+    }
+
+    /// [`restore_claim`] by an applier that knows the pairing as `known` says; `server: None`:
+    /// its Server is not looked up.
+    async fn restore_claim_knowing(
+        server: Option<(StatusCode, String)>,
+        released: bool,
+        known: Option<&std::sync::RwLock<Views>>,
+    ) -> Outcome {
         let claim = |rv: &str, annotations: Value, status: Value| {
             json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
                    "metadata": {"name": "claim-1", "namespace": "a", "uid": "u-c", "resourceVersion": rv,
@@ -1029,8 +1116,10 @@ mod tests {
                 assert_eq!((method, path.as_str()), (Method::PATCH, CLAIM), "quiesce");
                 let (method, path, _) = answer(&mut api, StatusCode::OK, claim("3", quiesced(), bound)).await;
                 assert_eq!((method, path.as_str()), (Method::PUT, format!("{CLAIM}/status").as_str()));
-                let (method, path, _) = answer(&mut api, server.0, server.1).await;
-                assert_eq!((method, path.as_str()), (Method::GET, SERVER), "its Server is looked up");
+                if let Some(server) = server {
+                    let (method, path, _) = answer(&mut api, server.0, server.1).await;
+                    assert_eq!((method, path.as_str()), (Method::GET, SERVER), "its Server is looked up");
+                }
                 let (method, _, body) = answer(&mut api, StatusCode::OK, claim("4", json!({}), json!({}))).await;
                 assert_eq!(method, Method::PUT, "marked restored");
                 let annotations = &body["metadata"]["annotations"];
@@ -1060,7 +1149,10 @@ mod tests {
             live("ServerClaim", "claim-1", &[key(crate::domain::identity::NAMESPACED_NAME, "a/claim-1")], None);
         object.namespace = Some("a".into());
         object.uid = "u-c".into();
-        let applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        let mut applier = Applier::new(&writer, &profile, &manifest, &records, false);
+        if let Some(known) = known {
+            applier = applier.with_known_pairs(known);
+        }
         let plan = plan::plan(&plan::PlanInput {
             profile: &profile,
             snapshot: &manifest.snapshot_id,
@@ -1111,6 +1203,30 @@ mod tests {
         // Restored Reserved for the claim, and still held by restatus (quiesced) for the claim.
         let outcome = restore_claim(server_as(json!({"state": "Reserved"}), ours), true).await;
         assert_eq!(outcome.held, None);
+    }
+
+    /// Issue 22, item 3: a Bound claim whose Server the controller's watches last saw Reserved
+    /// for it is released without looking the Server up; one they saw Reserved for another
+    /// claim, or not at all, is looked up as without them.
+    #[tokio::test]
+    async fn a_claim_whose_server_was_seen_reserved_for_it_is_released_without_a_look_up() {
+        let known = std::sync::RwLock::new(Views::default());
+        let seen = |claim: (&str, &str)| {
+            let claim = Some((claim.0.to_string(), claim.1.to_string()));
+            View::Server(ServerView { name: "server-1".into(), state: "Reserved".into(), claim })
+        };
+        known.write().unwrap().add(seen(("a", "other")));
+        let ours = {
+            let mut server: Value =
+                serde_json::from_str(&server("5", quiesced(), json!({"state": "Reserved"}))).unwrap();
+            server["spec"]["serverClaimRef"] = json!({"namespace": "a", "name": "claim-1"});
+            (StatusCode::OK, server.to_string())
+        };
+        let outcome = restore_claim_knowing(Some(ours), true, Some(&known)).await;
+        assert_eq!(outcome.held, None, "seen Reserved for another: looked up, and Reserved for it by now");
+        known.write().unwrap().add(seen(("a", "claim-1")));
+        let outcome = restore_claim_knowing(None, true, Some(&known)).await;
+        assert_eq!((outcome.held, outcome.writes), (None, 3), "no look-up");
     }
 
     /// Issue 21, item 4: a BMC's Servers are found by identity. The snapshot holds
