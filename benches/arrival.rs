@@ -42,7 +42,8 @@ const PROBE_EVERY: Duration = Duration::from_secs(2);
 
 /// Creates the probe fleet's Servers bare, one every [`PROBE_EVERY`], and returns each one's
 /// time from its creation until it has its status and no quiesce annotation (polled every
-/// 50 ms, at most 5 minutes each).
+/// 50 ms, at most an hour each, as long as the bench waits for the whole fleet: at 30k a
+/// single Server created during the arrival waited more than 5 minutes behind the backlog).
 async fn probe(client: kube::Client, spec: FleetSpec) -> Vec<Duration> {
     let profile = Profile::metal_operator();
     let api = restatus::k8s::api_for(&client, profile.kind("Server").expect("Server"), None);
@@ -61,7 +62,7 @@ async fn probe(client: kube::Client, spec: FleetSpec) -> Vec<Duration> {
                 latencies.push(created.elapsed());
                 break;
             }
-            assert!(created.elapsed() < Duration::from_secs(300), "probe {name} not restored within 5 minutes");
+            assert!(created.elapsed() < Duration::from_secs(3600), "probe {name} not restored within an hour");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep_until(next.into()).await;
