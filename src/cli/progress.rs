@@ -94,7 +94,8 @@ impl LogLines {
     }
 }
 
-/// `restore progress: 120/500 objects (24%), 40.0/s, 3.0s`
+/// `restore progress: 120/500 objects (24%), 40.0/s, 3.0s, eta 9s`: the estimate (at the rate
+/// so far) only while the total is known and something is done and something left.
 pub fn line(phase: &str, done: u64, total: Option<u64>, elapsed: Duration) -> String {
     let rate = if elapsed.as_secs_f64() > 0.0 { done as f64 / elapsed.as_secs_f64() } else { 0.0 };
     let count = match total {
@@ -102,7 +103,21 @@ pub fn line(phase: &str, done: u64, total: Option<u64>, elapsed: Duration) -> St
         Some(total) => format!("{done}/{total} objects"),
         None => format!("{done} objects"),
     };
-    format!("{phase} progress: {count}, {rate:.1}/s, {:.1}s", elapsed.as_secs_f64())
+    let eta = match total {
+        Some(total) if rate > 0.0 && done < total => format!(", eta {}", human((total - done) as f64 / rate)),
+        _ => String::new(),
+    };
+    format!("{phase} progress: {count}, {rate:.1}/s, {:.1}s{eta}", elapsed.as_secs_f64())
+}
+
+/// Whole seconds as `42s`, `7m05s` or `1h02m`.
+fn human(seconds: f64) -> String {
+    let s = seconds.round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
 }
 
 impl Progress for LogLines {
@@ -141,10 +156,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn progress_lines_say_done_total_and_rate() {
+    fn progress_lines_say_done_total_rate_and_what_is_left() {
         assert_eq!(
             line("restore", 120, Some(480), Duration::from_secs(3)),
-            "restore progress: 120/480 objects (25%), 40.0/s, 3.0s"
+            "restore progress: 120/480 objects (25%), 40.0/s, 3.0s, eta 9s"
+        );
+        assert_eq!(
+            line("restore", 30_000, Some(110_000), Duration::from_secs(450)),
+            "restore progress: 30000/110000 objects (27%), 66.7/s, 450.0s, eta 20m00s"
+        );
+        assert_eq!(
+            line("restore", 1_000, Some(110_000), Duration::from_secs(100)),
+            "restore progress: 1000/110000 objects (0%), 10.0/s, 100.0s, eta 3h01m"
+        );
+        assert_eq!(
+            line("restore", 480, Some(480), Duration::from_secs(12)),
+            "restore progress: 480/480 objects (100%), 40.0/s, 12.0s"
         );
         assert_eq!(line("backup", 10, None, Duration::from_secs(2)), "backup progress: 10 objects, 5.0/s, 2.0s");
         assert_eq!(line("restore", 0, Some(0), Duration::ZERO), "restore progress: 0/0 objects, 0.0/s, 0.0s");
