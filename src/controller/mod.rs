@@ -75,9 +75,6 @@ struct Loop {
     /// to come: those events are its own writes' echoes and make nothing dirty (each write of
     /// a restore made three, and each planned again as "already equal").
     echoes: HashMap<Uid, Vec<String>>,
-    /// The resourceVersions of the events of each object in flight, judged when its reconcile
-    /// ends (echoes of its writes, or another writer's change).
-    flying: HashMap<Uid, Vec<String>>,
     /// When the gauges that count the whole index were last set.
     gauges_set: Option<Instant>,
 }
@@ -94,7 +91,6 @@ impl Loop {
             partner_arrived: false,
             server_changed: false,
             echoes: HashMap::new(),
-            flying: HashMap::new(),
             gauges_set: None,
         }
     }
@@ -117,9 +113,8 @@ impl Loop {
                 } else if object.kind == "Server" && self.live.status_changed(&object) {
                     self.server_changed = true;
                 }
-                if let Some(versions) = self.flying.get_mut(object.uid.as_str()) {
-                    // Judged once its reconcile ends and says what it wrote.
-                    versions.push(object.resource_version.clone());
+                if self.queue.hold_event(&object.uid, &object.resource_version) {
+                    // In flight: judged once its reconcile ends and says what it wrote.
                     self.live.upsert(*object);
                     return;
                 }
@@ -241,10 +236,7 @@ impl Loop {
                 // Gone from the index meanwhile.
                 None => self.finish(ctx, uid, Ok(Next::Settled.into())),
                 Some(Err(e)) => self.finish(ctx, uid, Err(e)),
-                Some(Ok(work)) => {
-                    self.flying.insert(uid.clone(), vec![]);
-                    running.spawn(uid, work.run(ctx.clone()));
-                }
+                Some(Ok(work)) => running.spawn(uid, work.run(ctx.clone())),
             }
         }
     }
@@ -253,7 +245,7 @@ impl Loop {
     /// retried after a backoff); the events that came meanwhile are judged, and it starts
     /// again if it was dirtied meanwhile.
     fn finish(&mut self, ctx: &Context, uid: Uid, done: Result<Done>) {
-        let events = self.flying.remove(&uid).unwrap_or_default();
+        let events = self.queue.finish(&uid);
         if self.live.contains(&uid) {
             match done {
                 Ok(Done { next, wrote }) => {
@@ -279,7 +271,6 @@ impl Loop {
                 }
             }
         }
-        self.queue.finish(&uid);
         let drained = self.queue.is_idle();
         reconcile::summarize(ctx, &self.kinds, drained);
         self.set_gauges(ctx, drained);
@@ -657,19 +648,17 @@ mod tests {
         };
         state.apply(&ctx, at("1"));
         let (uid, _) = state.queue.take().unwrap();
-        state.flying.insert(uid.clone(), vec![]);
         state.apply(&ctx, at("2"));
         state.apply(&ctx, at("3"));
         assert!(!state.queue.is_waiting("s"), "not judged while in flight");
         state.finish(&ctx, uid.clone(), wrote(&["2", "3", "4"]));
         assert_eq!(state.queue.waiting(), 0, "its own writes' echoes");
         assert_eq!(state.echoes["s"], ["4"], "the release's echo is still to come");
-        assert!(!state.queue.in_flight("s") && state.flying.is_empty());
+        assert!(!state.queue.in_flight("s"));
 
         state.apply(&ctx, at("4"));
         state.changed(uid.clone());
         let (uid, _) = state.queue.take().unwrap();
-        state.flying.insert(uid.clone(), vec![]);
         state.apply(&ctx, at("5"));
         state.apply(&ctx, at("6"));
         assert!(state.queue.take().is_none(), "never twice at once");
@@ -677,7 +666,6 @@ mod tests {
         assert!(state.queue.is_waiting("s"), "5 was another writer's: dirty again");
 
         let (uid, _) = state.queue.take().unwrap();
-        state.flying.insert(uid.clone(), vec![]);
         state.apply(&ctx, Change::Delete("s".into()));
         state.finish(&ctx, uid, Err(Error::RestoreFailed { object: "s".into(), reason: "gone".into() }));
         assert!(state.queue.is_idle() && state.retries.is_empty() && state.echoes.is_empty());

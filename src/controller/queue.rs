@@ -1,4 +1,5 @@
-//! The work queue, pure: which dirty object starts next, and which are being reconciled.
+//! The work queue, pure: which dirty object starts next, which are being reconciled, and the
+//! watch events of those in flight, held until their reconcile ends.
 //!
 //! An object is dirty (waiting), in flight (being reconciled), or neither. The next to start
 //! is the best waiting one: an object that changed before one only woken (a retry, a new
@@ -47,15 +48,25 @@ pub(super) struct WorkQueue {
     by_age: BTreeSet<(Instant, Uid)>,
     /// Starts so far, for [`OLDEST_EVERY`].
     starts: usize,
-    /// Objects being reconciled, with how they were dirtied again meanwhile.
-    in_flight: HashMap<Uid, Option<Pending>>,
+    /// Objects being reconciled.
+    in_flight: HashMap<Uid, Flight>,
+}
+
+/// What happened to an object while it was being reconciled.
+#[derive(Debug, Default)]
+struct Flight {
+    /// How it was dirtied again meanwhile (a wake-up, or the controller's own judgement).
+    again: Option<Pending>,
+    /// The resourceVersions of its watch events meanwhile, judged when its reconcile ends
+    /// (echoes of its own writes, or another writer's change).
+    events: Vec<String>,
 }
 
 impl WorkQueue {
     /// Marks `uid` dirty (merged with how it already is).
     pub fn add(&mut self, uid: Uid, pending: Pending) {
-        if let Some(again) = self.in_flight.get_mut(&uid) {
-            *again = Some(again.map_or(pending, |a| a.merge(pending)));
+        if let Some(flight) = self.in_flight.get_mut(&uid) {
+            flight.again = Some(flight.again.map_or(pending, |a| a.merge(pending)));
             return;
         }
         let merged = match self.waiting.get(&uid) {
@@ -81,7 +92,7 @@ impl WorkQueue {
             false => self.order.last()?.1.clone(),
         };
         let pending = self.unwait(&uid)?;
-        self.in_flight.insert(uid.clone(), None);
+        self.in_flight.insert(uid.clone(), Flight::default());
         Some((uid, pending.seen))
     }
 
@@ -93,18 +104,32 @@ impl WorkQueue {
         Some(pending)
     }
 
-    /// Its reconcile ended: dirtied again meanwhile, it waits again.
-    pub fn finish(&mut self, uid: &Uid) {
-        if let Some(Some(again)) = self.in_flight.remove(uid) {
+    /// A watch event of `uid` at `version`: kept if it is in flight (true), to be judged when
+    /// its reconcile ends; otherwise left to the caller (false).
+    pub fn hold_event(&mut self, uid: &str, version: &str) -> bool {
+        let flight = self.in_flight.get_mut(uid);
+        let held = flight.is_some();
+        if let Some(flight) = flight {
+            flight.events.push(version.to_string());
+        }
+        held
+    }
+
+    /// Its reconcile ended: dirtied again meanwhile, it waits again. Returns the versions of
+    /// the events held meanwhile ([`Self::hold_event`]).
+    pub fn finish(&mut self, uid: &Uid) -> Vec<String> {
+        let Some(flight) = self.in_flight.remove(uid) else { return Vec::new() };
+        if let Some(again) = flight.again {
             self.add(uid.clone(), again);
         }
+        flight.events
     }
 
     /// The object is gone: not waiting, and not started again after its reconcile in flight.
     pub fn remove(&mut self, uid: &str) {
         self.unwait(uid);
-        if let Some(again) = self.in_flight.get_mut(uid) {
-            *again = None;
+        if let Some(flight) = self.in_flight.get_mut(uid) {
+            flight.again = None;
         }
     }
 
@@ -236,9 +261,10 @@ mod tests {
         queue.add("a".into(), pending(0, true, 1));
         queue.add("gone".into(), pending(0, true, 1));
         assert!(queue.take().is_none(), "in flight: not started twice");
+        assert!(queue.hold_event("a", "7") && queue.hold_event("a", "8") && !queue.hold_event("b", "1"));
         queue.remove("gone");
-        queue.finish(&a);
-        queue.finish(&gone);
+        assert_eq!(queue.finish(&a), ["7", "8"], "the events held while in flight");
+        assert!(queue.finish(&gone).is_empty());
         assert_eq!(queue.pending("a"), Some(Pending { changed: true, ..again }));
         assert!(!queue.is_waiting("gone"));
         assert_eq!(drain(&mut queue), ["a"]);
