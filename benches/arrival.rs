@@ -11,6 +11,10 @@
 //!   released (its `restore_latency` count reaches the fleet's size, nothing left quiesced),
 //!   and its peak RSS, sampled every second.
 //!
+//! Each fleet is deleted from etcd once it is done with (on the source once backed up, the
+//! one-shot's on the target before the controller starts): both paths restore onto a target
+//! holding one fleet, and 100k fits the machine.
+//!
 //! While the controller works (from the start of the arrival), single Servers (`PROBES`, one
 //! every `PROBE_EVERY`, part of the same snapshot) are created through the API, as a person or
 //! an operator would, and each one's time from creation to restored and released is measured
@@ -32,7 +36,7 @@ use std::time::{Duration, Instant};
 use kube::api::{DynamicObject, PostParams};
 use restatus::domain::annotations::QUIESCED_BY_ANNOTATION;
 use restatus::domain::identity::Profile;
-use restatus::fleet::etcd::{EtcdTarget, load_servers, wait_listed};
+use restatus::fleet::etcd::{EtcdTarget, delete_fleet, load_servers, wait_gone, wait_listed};
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use support::{Controller, bed_cpu_seconds, cpu_seconds_of, env, get, metric, rss_kib, timed, timed_cpu};
 
@@ -167,6 +171,18 @@ async fn arrive(client: &kube::Client, etcd_url: &str, spec: &FleetSpec) {
     wait_listed(client, spec, Duration::from_secs(3600)).await.expect("the API server lists the Servers");
 }
 
+/// Deletes a fleet from a cluster's etcd and waits until its API server lists none of it.
+async fn free(client: &kube::Client, etcd_url: &str, spec: &FleetSpec) {
+    let etcd = EtcdTarget {
+        url: etcd_url.to_string(),
+        prefix: "/registry".into(),
+        managed_fields: false,
+        one_per_revision: false,
+    };
+    delete_fleet(&etcd, spec).await.expect("delete the fleet from etcd");
+    wait_gone(client, spec, Duration::from_secs(600)).await.expect("the API server lists none of the fleet");
+}
+
 #[tokio::main]
 async fn main() {
     let sizes: Vec<usize> = std::env::var("BENCH_ARRIVAL")
@@ -193,6 +209,9 @@ async fn main() {
             arrive(&source, &env("RESTATUS_ETCD_SOURCE"), &spec).await;
             let selector = format!("{FLEET_LABEL} in ({name},{}p)", name);
             timed(&["backup", "--kubeconfig", &source_config, "--selector", &selector], &storage, name);
+            // The snapshot is all the rest needs: free the source (at 100k, four fleets of
+            // 100k on the bed's two API servers would not fit the machine).
+            free(&source, &env("RESTATUS_ETCD_SOURCE"), &spec).await;
         }
         let bare = |name: &str| FleetSpec { with_status: false, ..FleetSpec::new(name, n, 0, claims) };
 
@@ -227,6 +246,10 @@ async fn main() {
             writes(&requests) / objects,
             requests.breakdown()
         );
+
+        // The one-shot's fleet goes before the controller starts, so both restore onto a
+        // target holding one fleet.
+        free(&target, &env("RESTATUS_ETCD_TARGET"), &bare(&once)).await;
 
         // Controller: running and ready, then the fleet arrives, and the probes one by one.
         let selector = format!("{FLEET_LABEL} in ({ctl},{ctl}p)");
