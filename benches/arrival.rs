@@ -159,28 +159,22 @@ fn writes(requests: &Requests) -> f64 {
     requests.of(&["PATCH", "PUT"], &objects) + requests.of(&["POST"], &["events"])
 }
 
+/// A cluster's etcd as the bed's API servers use it, loaded as the arrival writes (managed
+/// fields, one Server a revision).
+fn etcd_at(url: &str) -> EtcdTarget {
+    EtcdTarget { url: url.to_string(), prefix: "/registry".into(), managed_fields: true, one_per_revision: true }
+}
+
 /// Makes `spec`'s fleet on a cluster: Servers into its etcd, the claims through its API.
 async fn arrive(client: &kube::Client, etcd_url: &str, spec: &FleetSpec) {
-    let etcd = EtcdTarget {
-        url: etcd_url.to_string(),
-        prefix: "/registry".into(),
-        managed_fields: true,
-        one_per_revision: true,
-    };
-    load_servers(&etcd, spec, 32).await.expect("load Servers into etcd");
+    load_servers(&etcd_at(etcd_url), spec, 32).await.expect("load Servers into etcd");
     fleet::create_kinds(client, spec, 48, false).await.expect("create the claims");
     wait_listed(client, spec, Duration::from_secs(3600)).await.expect("the API server lists the Servers");
 }
 
 /// Deletes a fleet from a cluster's etcd and waits until its API server lists none of it.
 async fn free(client: &kube::Client, etcd_url: &str, spec: &FleetSpec) {
-    let etcd = EtcdTarget {
-        url: etcd_url.to_string(),
-        prefix: "/registry".into(),
-        managed_fields: false,
-        one_per_revision: false,
-    };
-    delete_fleet(&etcd, spec).await.expect("delete the fleet from etcd");
+    delete_fleet(&etcd_at(etcd_url), spec).await.expect("delete the fleet from etcd");
     wait_gone(client, spec, Duration::from_secs(600)).await.expect("the API server lists none of the fleet");
 }
 

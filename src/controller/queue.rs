@@ -107,12 +107,9 @@ impl WorkQueue {
     /// A watch event of `uid` at `version`: kept if it is in flight (true), to be judged when
     /// its reconcile ends; otherwise left to the caller (false).
     pub fn hold_event(&mut self, uid: &str, version: &str) -> bool {
-        let flight = self.in_flight.get_mut(uid);
-        let held = flight.is_some();
-        if let Some(flight) = flight {
-            flight.events.push(version.to_string());
-        }
-        held
+        let Some(flight) = self.in_flight.get_mut(uid) else { return false };
+        flight.events.push(version.to_string());
+        true
     }
 
     /// Its reconcile ended: dirtied again meanwhile, it waits again. Returns the versions of

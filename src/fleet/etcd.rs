@@ -67,7 +67,11 @@ pub async fn load_servers(etcd: &EtcdTarget, spec: &FleetSpec, concurrency: usiz
     let http = reqwest::Client::new();
     let base = etcd.url.trim_end_matches('/');
     let dir = format!("{}/metal.ironcore.dev/servers/", etcd.prefix.trim_end_matches('/'));
-    let existing = existing_names(&http, base, &format!("{dir}{}-server-", spec.name)).await?;
+    let existing: std::collections::HashSet<String> = keys_under(&http, base, &format!("{dir}{}-server-", spec.name))
+        .await?
+        .iter()
+        .map(|key| key.rsplit('/').next().unwrap_or_default().to_string())
+        .collect();
     let created = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let todo: Vec<usize> = (0..spec.servers).filter(|&i| !existing.contains(&spec.server_name(i))).collect();
     // Batches of indices, cut by count; values are built when a batch is sent.
@@ -172,8 +176,7 @@ pub async fn delete_fleet(etcd: &EtcdTarget, spec: &FleetSpec) -> Result<usize> 
     );
     let mut keys = Vec::new();
     for prefix in &prefixes {
-        let dir = &prefix[..=prefix.rfind('/').unwrap_or_default()];
-        keys.extend(existing_names(&http, base, prefix).await?.into_iter().map(|name| format!("{dir}{name}")));
+        keys.extend(keys_under(&http, base, prefix).await?);
     }
     for batch in keys.chunks(MAX_OPS) {
         let success: Vec<Value> =
@@ -183,17 +186,16 @@ pub async fn delete_fleet(etcd: &EtcdTarget, spec: &FleetSpec) -> Result<usize> 
     Ok(keys.len())
 }
 
-/// Names of the objects whose keys start with `prefix`.
-async fn existing_names(http: &reqwest::Client, base: &str, prefix: &str) -> Result<std::collections::HashSet<String>> {
+/// The keys that start with `prefix`.
+async fn keys_under(http: &reqwest::Client, base: &str, prefix: &str) -> Result<Vec<String>> {
     let body = json!({"key": B64.encode(prefix), "range_end": B64.encode(prefix_end(prefix)), "keys_only": true});
     let reply = post(http, &format!("{base}/v3/kv/range"), &body).await?;
-    let mut names = std::collections::HashSet::new();
+    let mut keys = Vec::new();
     for kv in reply["kvs"].as_array().into_iter().flatten() {
         let key = B64.decode(kv["key"].as_str().unwrap_or_default()).context("etcd range: key not base64")?;
-        let key = String::from_utf8(key).context("etcd range: key not UTF-8")?;
-        names.insert(key.rsplit('/').next().unwrap_or_default().to_string());
+        keys.push(String::from_utf8(key).context("etcd range: key not UTF-8")?);
     }
-    Ok(names)
+    Ok(keys)
 }
 
 /// The end of the range of keys starting with `prefix` (its last byte incremented).
