@@ -7,8 +7,35 @@ use std::process::ExitCode;
 use cli::{Cli, Command};
 use restatus::telemetry::LogFormat;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    keep_large_buffers_apart();
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// glibc's malloc raises its mmap threshold to the size of each large block freed (up to
+/// 32 MiB). Past the first LIST page, a page's body (megabytes) then comes from the heap
+/// instead of its own mapping, and the holes it leaves grow with the run: a dry run over 40k
+/// Servers peaked at 50 MiB with the threshold moving and at 40 MiB with it fixed, and its
+/// growth from 10k to 40k halved (BENCHMARKS.md). Fixed at glibc's default of 128 KiB, large
+/// short-lived buffers go back to the system when freed.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_large_buffers_apart() {
+    // SAFETY: mallopt sets one of malloc's parameters; no thread runs yet, nothing is borrowed.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_large_buffers_apart() {}
+
+async fn run() -> ExitCode {
     let cli: Cli = match cli::plugin::try_parse() {
         Ok(cli) => cli,
         Err(e) => return cli::usage_error(e),
