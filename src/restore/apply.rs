@@ -83,8 +83,9 @@ pub struct Applier<'a> {
     system_servers: SystemServers,
     /// The target's Servers by identity, for what a BMC waits for.
     live_servers: LiveServers<'a>,
-    /// What the caller's watches saw of the pairing (the controller): a claim seen, a Server
-    /// seen Reserved for a claim, each a look-up saved (see [`Applier::with_known_pairs`]).
+    /// What the caller saw of the pairing (the controller's watches, the one-shot's listings
+    /// and writes): a claim seen, a Server seen Reserved for a claim, each a look-up saved
+    /// (see [`Applier::with_known_pairs`]).
     known_pairs: Option<&'a std::sync::RwLock<Views>>,
 }
 
@@ -120,14 +121,17 @@ impl<'a> Applier<'a> {
         }
     }
 
-    /// The pairing as the caller's watches see it, kept up to date as they run (the
-    /// controller's). Only what it knows saves a look-up: a bound Server's claim seen and not
-    /// seen gone, a Bound claim's Server last seen Reserved for it; anything else is read from
-    /// the API server as without it. Safe because the look-up it saves is no fresher in what
-    /// matters: a claim deleted (or a Server that moves on) after the watch saw it is a change
-    /// after the look-up too, a moment before the release, and a watch delivers it within the
-    /// moment a GET would have taken; a watch that lists again forgets what it saw of its kind
-    /// first.
+    /// The pairing as the caller sees it: the controller's watches, kept up to date as they
+    /// run, or the one-shot restore's listings and the answers to its writes. Only what it
+    /// knows saves a look-up: a bound Server's claim seen and not seen gone, a Bound claim's
+    /// Server last seen Reserved for it; anything else is read from the API server as without
+    /// it. Safe because a release waits for a partner to *arrive* (`clusterctl move` creates
+    /// claims last), and a partner seen is one that arrived: a claim deleted (or a Server that
+    /// moves on) after it was seen is a change metal-operator is meant to act on, as it would
+    /// on the source, and a look-up just before the release would miss the same change a
+    /// moment later. A watch delivers such changes within the moment a GET would take; the
+    /// one-shot's views are minutes old at most (claims listed before the Servers, Servers as
+    /// this restore wrote them). A listing of a kind forgets what was seen of it before.
     pub fn with_known_pairs(mut self, pairs: &'a std::sync::RwLock<Views>) -> Self {
         self.known_pairs = Some(pairs);
         self

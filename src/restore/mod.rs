@@ -12,7 +12,7 @@ pub mod plan;
 pub mod summary;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, future};
@@ -26,7 +26,7 @@ pub use plan::{KindMatcher, LiveKeys, PlanInput, PlanItem, RestorePlan, Verdict}
 use crate::Result;
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
-use crate::domain::pairing::{View, Views, Violation};
+use crate::domain::pairing::{METAL_GROUP, View, Views, Violation};
 use crate::format::{SnapshotId, TrustedKeys};
 use crate::k8s::{DEFAULT_PAGE_SIZE, LimitReport, PageRequest, Pager, WriteLimit, Writer, list_objects};
 use crate::store::{Accept, Passed, Point, SnapshotStore, choose_snapshot};
@@ -309,7 +309,12 @@ async fn restore(
         true => None,
         false => Some(Writer::new(client, &opts.profile).await?),
     };
-    let applier = writer.as_ref().map(|w| Applier::new(w, &opts.profile, manifest, &loaded.records, opts.force));
+    // The pairing as this restore lists and writes it: a release's look-ups of partners it
+    // answers are saved (see `Applier::with_known_pairs`).
+    let pairs = RwLock::new(Views::default());
+    let applier = writer
+        .as_ref()
+        .map(|w| Applier::new(w, &opts.profile, manifest, &loaded.records, opts.force).with_known_pairs(&pairs));
     let report = RestoreReport {
         snapshot: manifest.snapshot_id.to_string(),
         snapshot_created_at: loaded.manifest.created_at,
@@ -325,7 +330,7 @@ async fn restore(
         stopped: None,
         held: 0,
     };
-    let mut tally = Tally { report, views: Views::default() };
+    let mut tally = Tally { report, pairs: &pairs };
     let input = PlanInput {
         profile: &opts.profile,
         snapshot: &manifest.snapshot_id,
@@ -351,6 +356,11 @@ async fn restore(
         };
         let mut matcher = KindMatcher::new(kind, &loaded.records, &keys);
         drop(keys);
+        if applier.is_some() && !stop.now() {
+            claims_before_servers(client, kind, opts, &pairs).await?;
+        }
+        // This kind's listing replaces what was seen of it before.
+        write(&pairs).clear(&kind.kind);
         let (tx, rx) = mpsc::channel::<(PlanItem, LiveObject)>(opts.concurrency.max(1) * 4);
         let plan_pages = plan_pages(client, kind, opts, &input, &mut matcher, &mut tally, tx, &stop);
         let apply = async {
@@ -389,10 +399,10 @@ async fn restore(
         tally.report.writes += applied.writes;
         tally.report.held += applied.summary.held;
         tally.report.outcomes.extend(applied.outcomes);
-        tally.views.merge(applied.views);
+        write(&pairs).merge(applied.views);
     }
     opts.progress.finish();
-    let Tally { mut report, views } = tally;
+    let Tally { mut report, .. } = tally;
     if stop.now() {
         let stopped = report.stopped.get_or_insert_default();
         stopped.writes_not_started = not_started;
@@ -405,8 +415,38 @@ async fn restore(
             lowest = l.lowest, highest = l.highest, halvings = l.halvings, peak_in_flight = l.peak_in_flight, "restore done"),
         None => info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done"),
     }
-    report.pairing = views.check();
+    report.pairing = write(&pairs).check();
     Ok(report)
+}
+
+/// Before metal-operator's Servers: its ServerClaims, listed once for their pairing views. A
+/// bound Server restored waits for its claim (which `clusterctl move` creates last), and a claim
+/// seen here saves that Server's look-up of it. Safe though the listing is minutes old when the
+/// last Servers are released: the wait is for a claim yet to *arrive*, and a claim that was
+/// there and is deleted since is a deletion metal-operator is meant to act on (it frees the
+/// Server as it would on the source); a look-up just before the release would have missed a
+/// deletion a moment later all the same. A claim not seen here is still looked up.
+async fn claims_before_servers(
+    client: &kube::Client,
+    kind: &KindProfile,
+    opts: &RestoreOptions,
+    pairs: &RwLock<Views>,
+) -> Result<()> {
+    let metal = |name: &str| opts.profile.kind(name).filter(|k| k.group == METAL_GROUP && !k.is_denied());
+    if kind.group != METAL_GROUP || kind.kind != "Server" {
+        return Ok(());
+    }
+    let Some(claims) = metal("ServerClaim") else { return Ok(()) };
+    list_objects(client, claims, &opts.page(), |object| {
+        write(pairs).extend(View::of(claims, object));
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+fn write(pairs: &RwLock<Views>) -> std::sync::RwLockWriteGuard<'_, Views> {
+    pairs.write().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Tells the progress the write limit when it changed since `last`.
@@ -439,7 +479,7 @@ async fn plan_pages(
     opts: &RestoreOptions,
     input: &PlanInput<'_>,
     matcher: &mut KindMatcher<'_>,
-    tally: &mut Tally,
+    tally: &mut Tally<'_>,
     mut writes: mpsc::Sender<(PlanItem, LiveObject)>,
     stop: &Stop,
 ) -> Result<usize> {
@@ -456,7 +496,7 @@ async fn plan_pages(
         let mut live = Vec::with_capacity(page.len());
         for object in pager.objects(&page) {
             let object = object?;
-            tally.views.extend(View::of(kind, &object));
+            write(tally.pairs).extend(View::of(kind, &object));
             let object = LiveObject::from_raw(kind, &object);
             live.push(if opts.explain { object } else { object.compact() });
         }
@@ -515,12 +555,12 @@ impl Applied {
 }
 
 /// The report as the pages come in, and the pairing views of the objects listed.
-struct Tally {
+struct Tally<'p> {
     report: RestoreReport,
-    views: Views,
+    pairs: &'p RwLock<Views>,
 }
 
-impl Tally {
+impl Tally<'_> {
     /// Counts the item, and keeps it when the report lists every item ([`RestoreOptions::explain`])
     /// or it needs attention (anything but a restore or an equal status). Streaming, keeps none:
     /// hands it to the sink when it is `done` (nothing to write), else its outcome will.
@@ -607,7 +647,8 @@ mod tests {
             stopped: None,
             held: 0,
         };
-        let mut tally = Tally { report, views: Views::default() };
+        let pairs = RwLock::new(Views::default());
+        let mut tally = Tally { report, pairs: &pairs };
         let (tx, _rx) = mpsc::channel(1);
         let go_on = Stop(tokio::sync::watch::channel(false).1);
         plan_pages(&client, kind, &opts, &input, &mut matcher, &mut tally, tx, &go_on).await.unwrap();
@@ -713,6 +754,130 @@ mod tests {
         server.await.unwrap();
         assert_eq!(held.plan.items.len(), 4);
         assert_eq!(held.counts, report.counts);
+    }
+
+    /// Plays a small API server holding metal-operator Servers and claims: discovery, listings,
+    /// merge PATCHes, PUTs (of an object or its status), Events; every GET of a single object
+    /// is a partner look-up, and is counted.
+    async fn metal_api(mut api: api::Handle, mut objects: BTreeMap<String, serde_json::Value>) -> Vec<String> {
+        const GROUP: &str = "/apis/metal.ironcore.dev/v1alpha1";
+        fn merge(into: &mut serde_json::Value, patch: &serde_json::Value) {
+            match (into.as_object_mut(), patch.as_object()) {
+                (Some(into), Some(patch)) => {
+                    for (k, v) in patch {
+                        match v {
+                            serde_json::Value::Null => drop(into.remove(k)),
+                            _ => merge(into.entry(k.clone()).or_insert(json!({})), v),
+                        }
+                    }
+                }
+                _ => *into = patch.clone(),
+            }
+        }
+        let (mut version, mut lookups) = (10, vec![]);
+        while let Some((request, send)) = api.next_request().await {
+            let (method, path) = (request.method().clone(), request.uri().path().to_string());
+            let body: serde_json::Value = {
+                let bytes = request.into_body().collect_bytes().await.unwrap();
+                serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)
+            };
+            let object_path = path.trim_end_matches("/status").to_string();
+            let (code, answer) = match (method.as_str(), path.as_str()) {
+                ("GET", GROUP) => {
+                    let resources = ["servers", "servers/status", "serverclaims", "serverclaims/status"].map(|name| {
+                        json!({"name": name, "singularName": "", "namespaced": name.starts_with("serverclaims"),
+                               "kind": "", "verbs": []})
+                    });
+                    (
+                        200,
+                        json!({"kind": "APIResourceList", "groupVersion": "metal.ironcore.dev/v1alpha1", "resources": resources}),
+                    )
+                }
+                ("GET", p) if p.ends_with("/servers") || p.ends_with("/serverclaims") => {
+                    let items: Vec<_> = objects
+                        .iter()
+                        .filter(|(k, _)| k.contains(&format!("/{}/", p.rsplit('/').next().unwrap())))
+                        .map(|(_, o)| o.clone())
+                        .collect();
+                    (200, json!({"kind": "List", "metadata": {"continue": "", "resourceVersion": "1"}, "items": items}))
+                }
+                ("POST", p) if p.ends_with("/events") => (201, body),
+                ("GET", p) if p.starts_with(GROUP) => {
+                    lookups.push(path.clone());
+                    match objects.get(&object_path) {
+                        Some(object) => (200, object.clone()),
+                        None => (404, json!({"kind": "Status", "code": 404, "reason": "NotFound"})),
+                    }
+                }
+                (_, _) if !objects.contains_key(&object_path) => {
+                    (404, json!({"kind": "Status", "code": 404, "reason": "NotFound"}))
+                }
+                (method, _) => {
+                    let object = objects.get_mut(&object_path).unwrap();
+                    match (method, path.ends_with("/status")) {
+                        ("PATCH", _) => merge(object, &body),
+                        ("PUT", true) => object["status"] = body["status"].clone(),
+                        _ => {
+                            let status = object["status"].clone();
+                            *object = body;
+                            object["status"] = status;
+                        }
+                    }
+                    version += 1;
+                    object["metadata"]["resourceVersion"] = version.to_string().into();
+                    (200, object.clone())
+                }
+            };
+            let response =
+                http::Response::builder().status(code).body(kube::client::Body::from(answer.to_string().into_bytes()));
+            send.send_response(response.unwrap());
+        }
+        lookups
+    }
+
+    /// Issue 22, item 3: the one-shot restore of a bound pair that arrived bare looks neither
+    /// partner up. The claims are listed once before the Servers, so the Server's wait for its
+    /// claim is answered by that listing; the Server's write answered Reserved for the claim,
+    /// so the claim's wait for it is answered too. Each object: quiesce, status, release. A
+    /// Server whose claim the listing did not see (yet to arrive) is looked up, and held.
+    #[tokio::test]
+    async fn a_one_shot_restore_of_a_bound_pair_looks_neither_partner_up() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let server =
+            |name: &str| record("Server", name, &[uuid(&format!("uuid-{name}"))], json!({"state": "Reserved"}));
+        let claim = crate::format::Record {
+            namespace: Some("a".into()),
+            ..record("ServerClaim", "c1", &[crate::fixtures::key("namespace/name", "a/c1")], json!({"phase": "Bound"}))
+        };
+        crate::fixtures::write_snapshot(&store, SNAPSHOT_TIME, &[server("s1"), server("s2"), claim], true).await;
+        let profile = Profile::metal_operator();
+        let kinds = ["Server", "ServerClaim"].map(|k| profile.kind(k).unwrap().clone());
+        let profile = Profile { kinds: kinds.to_vec(), ..profile };
+        let live_server = |name: &str, claim: &str| {
+            let mut server = api::server(name, None);
+            server["spec"]["serverClaimRef"] = json!({"namespace": "a", "name": claim});
+            server
+        };
+        let live_claim = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+            "metadata": {"name": "c1", "namespace": "a", "uid": "uid-c1", "resourceVersion": "1"},
+            "spec": {"serverRef": {"name": "s1"}}});
+        let objects = BTreeMap::from([
+            ("/apis/metal.ironcore.dev/v1alpha1/servers/s1".to_string(), live_server("s1", "c1")),
+            ("/apis/metal.ironcore.dev/v1alpha1/servers/s2".to_string(), live_server("s2", "c2")),
+            ("/apis/metal.ironcore.dev/v1alpha1/namespaces/a/serverclaims/c1".to_string(), live_claim),
+        ]);
+        let (client, handle) = api::client();
+        let api = tokio::spawn(metal_api(handle, objects));
+        let report = run(&client, &store, &RestoreOptions::new(profile)).await.unwrap();
+        drop(client);
+        let lookups = api.await.unwrap();
+
+        let c2 = "/apis/metal.ironcore.dev/v1alpha1/namespaces/a/serverclaims/c2";
+        assert_eq!(lookups, [c2], "the pair's partners not looked up, the claim not listed looked up");
+        assert_eq!(report.held, 1, "s2 waits for its claim: {report:?}");
+        let held: Vec<_> = report.outcomes.iter().filter_map(|o| o.held.as_deref()).collect();
+        assert_eq!(held, ["waits for ServerClaim a/c2"]);
+        assert_eq!((report.counts[&Verdict::Restore], report.writes), (3, 9), "{report:?}");
     }
 
     /// Streaming, each outcome goes to the sink with its item, and the report keeps only the
