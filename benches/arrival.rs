@@ -48,11 +48,12 @@ const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// Creates the probe fleet's Servers bare, one every [`PROBE_EVERY`], and returns each one's
 /// time from its creation until it has its status and no quiesce annotation (polled every
 /// 50 ms, at most an hour each, as long as the bench waits for the whole fleet: at 30k a
-/// single Server created during the arrival waited more than 5 minutes behind the backlog).
-async fn probe(client: kube::Client, spec: FleetSpec) -> Vec<Duration> {
+/// single Server created during the arrival waited more than 5 minutes behind the backlog),
+/// and how many polls (GETs) that took.
+async fn probe(client: kube::Client, spec: FleetSpec) -> (Vec<Duration>, usize) {
     let profile = Profile::metal_operator();
     let api = restatus::k8s::api_for(&client, profile.kind("Server").expect("Server"), None);
-    let mut latencies = Vec::with_capacity(spec.servers);
+    let (mut latencies, mut polls) = (Vec::with_capacity(spec.servers), 0);
     for i in 0..spec.servers {
         let next = Instant::now() + PROBE_EVERY;
         let (object, _) = spec.server(i);
@@ -62,6 +63,7 @@ async fn probe(client: kube::Client, spec: FleetSpec) -> Vec<Duration> {
         let name = spec.server_name(i);
         loop {
             let o = api.get(&name).await.expect("get a probe Server");
+            polls += 1;
             let quiesced = o.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(QUIESCED_BY_ANNOTATION));
             if !o.data["status"].is_null() && !quiesced {
                 latencies.push(created.elapsed());
@@ -72,7 +74,7 @@ async fn probe(client: kube::Client, spec: FleetSpec) -> Vec<Duration> {
         }
         tokio::time::sleep_until(next.into()).await;
     }
-    latencies
+    (latencies, polls)
 }
 
 /// CPU seconds the target's kube-apiserver and etcd had used at a point.
@@ -309,7 +311,7 @@ async fn main() {
         let requests = Requests::now(&target).await.since(&requests);
         let arrival = arrived.expect("arrived");
         let after = done.saturating_sub(arrival);
-        let mut latencies = probing.await.expect("the probes");
+        let (mut latencies, polls) = probing.await.expect("the probes");
         latencies.sort();
         let (median, max) = (latencies[latencies.len() / 2], latencies[latencies.len() - 1]);
         println!(
@@ -355,6 +357,14 @@ async fn main() {
             requests.of(&["GET"], &["serverclaims"]) / total,
             requests.of(&["GET"], &["servers"]),
             requests.breakdown()
+        );
+        // Without the bench's own creates and polls; its LISTs waiting for the arrival stay in
+        // (a few pages), with the controller's relists.
+        let own = requests.total() - claims as f64 - PROBES as f64 - polls as f64;
+        println!(
+            "  the controller's own requests (all but the claims and probes the bench created and its {polls} polls of the probes): {:.2} an object ({own} in all, LIST {})",
+            own / total,
+            requests.of(&["LIST"], &["servers", "serverclaims"])
         );
         println!("ratio controller / one-shot: {:.2}", after.as_secs_f64() / once_wall.as_secs_f64());
         rows.push((n, run, once_wall, once_rss, median, after, peak));
