@@ -415,7 +415,7 @@ async fn restore(
             lowest = l.lowest, highest = l.highest, halvings = l.halvings, peak_in_flight = l.peak_in_flight, "restore done"),
         None => info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done"),
     }
-    report.pairing = write(&pairs).check();
+    report.pairing = pairs.read().unwrap_or_else(|e| e.into_inner()).check();
     Ok(report)
 }
 
@@ -432,17 +432,17 @@ async fn claims_before_servers(
     opts: &RestoreOptions,
     pairs: &RwLock<Views>,
 ) -> Result<()> {
-    let metal = |name: &str| opts.profile.kind(name).filter(|k| k.group == METAL_GROUP && !k.is_denied());
     if kind.group != METAL_GROUP || kind.kind != "Server" {
         return Ok(());
     }
-    let Some(claims) = metal("ServerClaim") else { return Ok(()) };
+    let claims = opts.profile.kind("ServerClaim").filter(|k| k.group == METAL_GROUP && !k.is_denied());
+    let Some(claims) = claims else { return Ok(()) };
     list_objects(client, claims, &opts.page(), |object| {
         write(pairs).extend(View::of(claims, object));
         Ok(())
     })
-    .await?;
-    Ok(())
+    .await
+    .map(|_served| ())
 }
 
 fn write(pairs: &RwLock<Views>) -> std::sync::RwLockWriteGuard<'_, Views> {
@@ -494,11 +494,15 @@ async fn plan_pages(
         };
         let Some(page) = page else { break };
         let mut live = Vec::with_capacity(page.len());
-        for object in pager.objects(&page) {
-            let object = object?;
-            write(tally.pairs).extend(View::of(kind, &object));
-            let object = LiveObject::from_raw(kind, &object);
-            live.push(if opts.explain { object } else { object.compact() });
+        {
+            // One lock a page; the applier reads the pairs between pages.
+            let mut pairs = write(tally.pairs);
+            for object in pager.objects(&page) {
+                let object = object?;
+                pairs.extend(View::of(kind, &object));
+                let object = LiveObject::from_raw(kind, &object);
+                live.push(if opts.explain { object } else { object.compact() });
+            }
         }
         drop(page);
         let items = matcher.page(&PlanInput { live: &live, ..*input }, 0..live.len())?;
