@@ -27,7 +27,9 @@
 //!
 //! With `BENCH_ARRIVAL_QUIESCED=1` both fleets arrive quiesced, as a move after the source-role
 //! handshake leaves them (restatus's `ignore` on every Server and claim): no quiesce write is
-//! due, and the requests an object are item 3's second figure (at most 2).
+//! due, and the requests an object are item 3's second figure (at most 2). With
+//! `BENCH_CONTROLLER_MAX_CONCURRENCY=N` the controller's write limit may grow to N, as the
+//! one-shot's grows to 64 (the controller's stays at 16 unless told).
 
 // Only a part of it: no restore output here.
 #[allow(dead_code)]
@@ -213,6 +215,12 @@ async fn main() {
     let quiesced = std::env::var("BENCH_ARRIVAL_QUIESCED").is_ok_and(|q| q == "1");
     let how = if quiesced { "arriving quiesced (the handshake's ignore on each)" } else { "arriving bare" };
     println!("fleets {how}");
+    // The controller's write limit stays at its start (16) unless told: its Lease waits behind
+    // the writes queued at the API server. The one-shot's grows to 64.
+    let max_concurrency = std::env::var("BENCH_CONTROLLER_MAX_CONCURRENCY").ok();
+    if let Some(max) = &max_concurrency {
+        println!("controller: --max-concurrency {max}");
+    }
     let mut rows = Vec::new();
     for (n, run) in sizes.iter().flat_map(|&n| (0..runs).map(move |run| (n, run))) {
         let claims = n / 10;
@@ -279,6 +287,7 @@ async fn main() {
             .args(["controller", "--kubeconfig", &target_config, "--selector", &selector])
             .args(["--lease-namespace", "default", "--lease-name", &format!("restatus-arrival-{ctl}")])
             .args(["--http-addr", &format!("127.0.0.1:{port}")])
+            .args(max_concurrency.iter().flat_map(|max| ["--max-concurrency", max.as_str()]))
             .env("RESTATUS_STORAGE", &storage)
             .env("RESTATUS_CLUSTER_ID", &ctl)
             .env("RUST_LOG", "warn")
