@@ -13,9 +13,9 @@ use tracing::{info, warn};
 use super::index::SnapshotIndex;
 use super::metrics::Metrics;
 use crate::domain::identity::Profile;
-use crate::domain::pairing::Views;
 use crate::format::{Manifest, Records};
 use crate::k8s::Writer;
+use crate::restore::Seen;
 use crate::store::{Accept, Loaded, SnapshotStore, Tail, choose_newer, choose_snapshot, read_on};
 use crate::{Error, Result};
 
@@ -74,8 +74,8 @@ pub struct Context {
     in_use: std::sync::Mutex<Option<String>>,
     /// The pairing of metal-operator's Servers and ServerClaims as the watches see it, kept
     /// as each event comes: the look-ups a release would make that it answers are saved (see
-    /// `restore::Applier::with_known_pairs`).
-    pub(super) pairs: std::sync::RwLock<Views>,
+    /// `restore::Seen`).
+    pub(super) seen: Seen,
 }
 
 /// The controller's position in the journal of the snapshot in use.
@@ -126,13 +126,8 @@ impl Context {
             summaries: Default::default(),
             journal: Default::default(),
             in_use: Default::default(),
-            pairs: Default::default(),
+            seen: Seen::default(),
         })
-    }
-
-    /// The pairing as the watches see it, to change.
-    pub(super) fn pairs(&self) -> std::sync::RwLockWriteGuard<'_, Views> {
-        self.pairs.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// What `/readyz` says of the snapshot in use, if one is loaded.

@@ -154,18 +154,11 @@ impl LiveIndex {
         self.objects.get(uid).map(|e| self.kinds.get(e.kind))
     }
 
-    /// BMCs, Servers and ServerClaims that still carry restatus's `ignore`: restored, maybe
-    /// waiting for their Servers or claim.
-    pub fn held(&self) -> impl Iterator<Item = &Uid> {
-        let waits = |e: &Entry| matches!(self.kinds.get(e.kind), "BMC" | "Server" | "ServerClaim") && quiesced(e);
-        self.objects.iter().filter(move |(_, e)| waits(e)).map(|(uid, _)| uid)
-    }
-
-    /// ServerClaims that still carry restatus's `ignore`: restored, maybe waiting for their
-    /// Server to be Reserved for them.
-    pub fn held_claims(&self) -> impl Iterator<Item = &Uid> {
-        let waits = |e: &Entry| self.kinds.get(e.kind) == "ServerClaim" && quiesced(e);
-        self.objects.iter().filter(move |(_, e)| waits(e)).map(|(uid, _)| uid)
+    /// Objects of the kinds `waits` names that still carry restatus's `ignore`: restored,
+    /// maybe waiting for a partner (see `restore::hold::Wake`).
+    pub fn held(&self, waits: impl Fn(&str) -> bool) -> impl Iterator<Item = &Uid> {
+        let held = move |e: &Entry| waits(self.kinds.get(e.kind)) && quiesced(e);
+        self.objects.iter().filter(move |(_, e)| held(e)).map(|(uid, _)| uid)
     }
 
     /// The index holds `object` (by uid) with another status, or none.

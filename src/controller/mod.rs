@@ -44,6 +44,7 @@ use tracing::{info, warn};
 use crate::domain::identity::KindProfile;
 use crate::k8s::leader::{Fence, Leadership, LeaseTiming};
 use crate::moving::handshake::Handshake;
+use crate::restore::hold::Wake;
 use crate::{Error, Result};
 use context::refresh_snapshot;
 pub use context::{Context, ControllerOptions};
@@ -107,11 +108,11 @@ impl Loop {
                 // An object restatus keeps ignored may be waiting for this one: for it to
                 // appear, or (a claim) for its Server to become Reserved for it. Those are
                 // looked for once per batch (`wake_waiting`), not per event.
-                let partner = matches!(object.kind.as_str(), "Server" | "ServerClaim");
-                if partner && !self.live.contains(&object.uid) {
-                    self.partner_arrived = true;
-                } else if object.kind == "Server" && self.live.status_changed(&object) {
-                    self.server_changed = true;
+                let arrived = !self.live.contains(&object.uid);
+                match Wake::of(&object.kind, arrived, || self.live.status_changed(&object)) {
+                    Some(Wake::Arrival) => self.partner_arrived = true,
+                    Some(Wake::ServerStatus) => self.server_changed = true,
+                    None => {}
                 }
                 if self.queue.hold_event(&object.uid, &object.resource_version) {
                     // In flight: judged once its reconcile ends and says what it wrote.
@@ -150,14 +151,13 @@ impl Loop {
     /// batch. Once per batch: a scan of the index for every arriving object made a mass
     /// arrival quadratic in the fleet.
     fn wake_waiting(&mut self) {
-        if std::mem::take(&mut self.partner_arrived) {
-            self.server_changed = false;
-            let held: Vec<Uid> = self.live.held().cloned().collect();
-            self.wake(held);
-        } else if std::mem::take(&mut self.server_changed) {
-            let held: Vec<Uid> = self.live.held_claims().cloned().collect();
-            self.wake(held);
-        }
+        let wake = match (std::mem::take(&mut self.partner_arrived), std::mem::take(&mut self.server_changed)) {
+            (true, _) => Wake::Arrival,
+            (false, true) => Wake::ServerStatus,
+            (false, false) => return,
+        };
+        let held: Vec<Uid> = self.live.held(|kind| wake.ends_wait_of(kind)).cloned().collect();
+        self.wake(held);
     }
 
     /// Whether an event with `version` of the object is the echo of a write its last reconcile

@@ -10,10 +10,11 @@ use super::Context;
 use super::index::{LiveIndex, SnapshotIndex, Uid};
 use crate::domain::identity::KindProfile;
 use crate::domain::live::LiveObject;
-use crate::domain::pairing::{METAL_GROUP, ServerIdentity, servers_of_bmc};
+use crate::domain::pairing::ServerIdentity;
 use crate::format::Records;
 use crate::k8s::Writer;
 use crate::restore::Applier;
+use crate::restore::hold::{self, Partners};
 use crate::restore::plan::{self, PlanInput, Verdict};
 use crate::{Error, Result};
 
@@ -88,9 +89,9 @@ impl Work {
     }
 }
 
-/// For a BMC restatus holds: the live Servers that share an identity key (systemUUID) with a
-/// Server the snapshot holds for it, from the live index, so that its wait finds them by
-/// identity whatever their names (see `restore::apply`). Nothing for other objects.
+/// The live Servers (from the live index) that the dirty object `uid`, a BMC restatus holds,
+/// may wait for: those that share an identity key with a Server the snapshot holds for it
+/// (see [`hold::bmc_server_keys`]). Nothing for other objects.
 fn bmc_servers(
     kind: &KindProfile,
     snapshot: &SnapshotIndex,
@@ -98,12 +99,11 @@ fn bmc_servers(
     objects: &[LiveObject],
     uid: &str,
 ) -> Result<Vec<ServerIdentity>> {
-    let Some(bmc) = objects.iter().find(|o| o.uid == uid) else { return Ok(vec![]) };
-    if kind.kind != "BMC" || kind.group != METAL_GROUP || !bmc.quiesced_by_restatus() {
+    let Some(object) = objects.iter().find(|o| o.uid == uid) else { return Ok(vec![]) };
+    let Some(keys) = hold::bmc_server_keys(kind, object, &snapshot.records, &snapshot.system_servers)? else {
         return Ok(vec![]);
-    }
-    let recorded = servers_of_bmc(&bmc.name, snapshot.system_servers.get(&snapshot.records)?);
-    let servers = live.carrying("Server", recorded.iter().flat_map(|r| &r.keys));
+    };
+    let servers = live.carrying("Server", keys);
     Ok(servers.into_iter().map(|s| ServerIdentity { name: s.name, keys: s.keys }).collect())
 }
 
@@ -149,9 +149,7 @@ async fn reconcile(
     }
     let writer = ctx.writer.get_or_try_init(|| Writer::new(&ctx.client, &ctx.options.profile)).await?;
     let applier = Applier::new(writer, &ctx.options.profile, manifest, records, ctx.options.force)
-        .with_snapshot_records(&snapshot.records, &snapshot.system_servers)
-        .with_live_servers(servers)
-        .with_known_pairs(&ctx.pairs);
+        .with_partners(Partners::indexed(&snapshot.records, &snapshot.system_servers, servers, &ctx.seen));
     let outcome = applier.apply_item(kind, item, objects).await;
     {
         let mut summaries = ctx.summaries.lock().unwrap_or_else(|e| e.into_inner());

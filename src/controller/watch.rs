@@ -12,7 +12,6 @@ use super::Context;
 use crate::domain::identity::KindProfile;
 use crate::domain::live::LiveObject;
 use crate::domain::object::RawObject;
-use crate::domain::pairing::{METAL_GROUP, View};
 use crate::k8s::watch::{RawResource, WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 
 /// What a watch tells the main loop.
@@ -58,10 +57,8 @@ pub(super) async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: Sender)
                 upsert(&ctx, &kind, &o)
             }
             Ok(Some(WatchEvent::Delete(o))) => {
-                if kind.group == METAL_GROUP {
-                    let (namespace, name) = (o.metadata.namespace.as_deref(), o.metadata.name.as_deref());
-                    ctx.pairs().remove(&kind.kind, namespace, name.unwrap_or_default());
-                }
+                let (namespace, name) = (o.metadata.namespace.as_deref(), o.metadata.name.as_deref());
+                ctx.seen.gone(&kind, namespace, name.unwrap_or_default());
                 o.metadata.uid.clone().map(Change::Delete)
             }
             Ok(Some(WatchEvent::Init)) => {
@@ -72,9 +69,7 @@ pub(super) async fn watch_kind(ctx: Arc<Context>, kind: KindProfile, tx: Sender)
                 if let Some(writer) = ctx.writer.get() {
                     writer.forget(&kind);
                 }
-                if kind.group == METAL_GROUP {
-                    ctx.pairs().clear(&kind.kind);
-                }
+                ctx.seen.listing(&kind);
                 listing.clear();
                 Some(Change::Listing { kind: kind.kind.clone() })
             }
@@ -204,9 +199,7 @@ impl Drop for Sender {
 fn upsert(ctx: &Context, kind: &KindProfile, object: &RawResource) -> Option<Change> {
     match RawObject::parse(object.json()) {
         Ok(raw) => {
-            if let Some(view) = View::of(kind, &raw) {
-                ctx.pairs().add(view);
-            }
+            ctx.seen.saw(kind, &raw);
             Some(Change::Upsert(Box::new(LiveObject::from_raw(kind, &raw).compact())))
         }
         Err(e) => {

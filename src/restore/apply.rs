@@ -3,7 +3,7 @@
 //! Per object, a [`WriteSequence`]: quiesce metal-operator with its `ignore` annotation
 //! (unless the object is ignored already), write the record's status, then mark the object
 //! restored and remove restatus's `ignore`; an Event tells what happened. An object
-//! metal-operator would mistreat stays ignored (see [`WriteSequence::hold`]); restoring it
+//! metal-operator would mistreat stays ignored (see [`Partners::hold`]); restoring it
 //! again releases it once that is over. The first two writes
 //! carry the resourceVersion the decision was made on: when the object changed meanwhile, the
 //! write conflicts, the object is re-read and decided again, so a status that moved on after
@@ -30,13 +30,11 @@ use crate::domain::annotations::{self, NOT_RESTORED_ANNOTATION, RESTORED_FROM_AN
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
 use crate::domain::object::{self, RawObject};
-use crate::domain::pairing::{
-    ClaimView, METAL_GROUP, ServerIdentity, ServerThere, ServerView, SystemServers, View, Views, claim_waits_for,
-    servers_not_there, servers_of_bmc,
-};
+use crate::domain::pairing::View;
 use crate::domain::status;
-use crate::format::{Manifest, ObjectRef, Record, RecordHead, Records};
+use crate::format::{Manifest, ObjectRef, Record, Records};
 use crate::k8s::{Writer, events};
+use crate::restore::hold::{Candidate, Partners};
 use crate::restore::plan::{self, PlanItem, RestorePlan, Verdict};
 use crate::{Error, Result};
 
@@ -74,29 +72,9 @@ pub struct Applier<'a> {
     profile: &'a Profile,
     manifest: &'a Manifest,
     records: &'a Records,
-    /// Every record of the snapshot (`records` may be a part of them), for what a BMC awaits.
-    snapshot_records: &'a Records,
     force: bool,
-    /// The system Servers of `snapshot_records`, when the caller keeps them.
-    shared_system_servers: Option<&'a SystemServers>,
-    /// The system Servers of `snapshot_records`, read when a BMC first needs them.
-    system_servers: SystemServers,
-    /// The target's Servers by identity, for what a BMC waits for.
-    live_servers: LiveServers<'a>,
-    /// What the caller saw of the pairing (the controller's watches, the one-shot's listings
-    /// and writes): a claim seen, a Server seen Reserved for a claim, each a look-up saved
-    /// (see [`Applier::with_known_pairs`]).
-    known_pairs: Option<&'a std::sync::RwLock<Views>>,
-}
-
-/// Where an applier finds the target's Servers by identity (see [`servers_not_there`]).
-enum LiveServers<'a> {
-    /// Listed once, when the first BMC needs them (the one-shot restore: one listing a
-    /// restore, whatever the number of BMCs). A Server created after the listing is still
-    /// found by its name.
-    Listed(tokio::sync::OnceCell<Vec<ServerIdentity>>),
-    /// The caller's, from its own live index (the controller).
-    Given(&'a [ServerIdentity]),
+    /// What a release waits for (see [`Partners::hold`]).
+    partners: Partners<'a>,
 }
 
 impl<'a> Applier<'a> {
@@ -107,81 +85,13 @@ impl<'a> Applier<'a> {
         records: &'a Records,
         force: bool,
     ) -> Self {
-        Applier {
-            writer,
-            profile,
-            manifest,
-            records,
-            snapshot_records: records,
-            force,
-            shared_system_servers: None,
-            system_servers: SystemServers::default(),
-            live_servers: LiveServers::Listed(tokio::sync::OnceCell::new()),
-            known_pairs: None,
-        }
+        Applier { writer, profile, manifest, records, force, partners: Partners::listed(records, None) }
     }
 
-    /// The pairing as the caller sees it: the controller's watches, kept up to date as they
-    /// run, or the one-shot restore's listings and the answers to its writes. Only what it
-    /// knows saves a look-up: a bound Server's claim seen and not seen gone, a Bound claim's
-    /// Server last seen Reserved for it; anything else is read from the API server as without
-    /// it. Safe because a release waits for a partner to *arrive* (`clusterctl move` creates
-    /// claims last), and a partner seen is one that arrived: a claim deleted (or a Server that
-    /// moves on) after it was seen is a change metal-operator is meant to act on, as it would
-    /// on the source, and a look-up just before the release would miss the same change a
-    /// moment later. A watch delivers such changes within the moment a GET would take; the
-    /// one-shot's views are minutes old at most (claims listed before the Servers, Servers as
-    /// this restore wrote them). A listing of a kind forgets what was seen of it before.
-    pub fn with_known_pairs(mut self, pairs: &'a std::sync::RwLock<Views>) -> Self {
-        self.known_pairs = Some(pairs);
-        self
-    }
-
-    /// Whether `fact` holds of the known pairing (false without one).
-    fn known(&self, fact: impl FnOnce(&Views) -> bool) -> bool {
-        self.known_pairs.is_some_and(|pairs| fact(&pairs.read().unwrap_or_else(|e| e.into_inner())))
-    }
-
-    /// The target's Servers that a BMC's Servers may be, as the caller knows them (its live
-    /// index) instead of a listing.
-    pub fn with_live_servers(mut self, servers: &'a [ServerIdentity]) -> Self {
-        self.live_servers = LiveServers::Given(servers);
-        self
-    }
-
-    /// The target's Servers by identity: the caller's, or every Server listed once.
-    async fn live_servers(&self, servers: &KindProfile) -> Result<&[ServerIdentity]> {
-        match &self.live_servers {
-            LiveServers::Given(given) => Ok(given),
-            LiveServers::Listed(listed) => {
-                let listed = listed
-                    .get_or_try_init(|| async {
-                        let mut out = Vec::new();
-                        self.writer
-                            .list_all(servers, |object| {
-                                let keys = servers.keys_of(object);
-                                out.push(ServerIdentity { name: object.meta.name.to_string(), keys });
-                                Ok(())
-                            })
-                            .await?;
-                        info!(servers = out.len(), "listed the target's Servers to find BMCs' Servers by identity");
-                        Ok::<_, Error>(out)
-                    })
-                    .await?;
-                Ok(listed)
-            }
-        }
-    }
-
-    fn system_servers(&self) -> Result<&[RecordHead]> {
-        self.shared_system_servers.unwrap_or(&self.system_servers).get(self.snapshot_records)
-    }
-
-    /// Every record of the snapshot, when the applier plans with a part of them, and their
-    /// system Servers as the caller keeps them.
-    pub fn with_snapshot_records(mut self, all: &'a Records, system_servers: &'a SystemServers) -> Self {
-        self.snapshot_records = all;
-        self.shared_system_servers = Some(system_servers);
+    /// Holds objects for the partners as the caller knows them (the controller's indexes, the
+    /// one-shot's listings) instead of finding them all on the target.
+    pub fn with_partners(mut self, partners: Partners<'a>) -> Self {
+        self.partners = partners;
         self
     }
 
@@ -346,7 +256,9 @@ impl<'a> WriteSequence<'a> {
         } else if self.owns_ignore {
             let verdict = self.verdict.unwrap_or(item.verdict);
             let snapshots_status = matches!(verdict, Verdict::Restore | Verdict::AlreadyEqual);
-            match self.hold(written.as_deref(), snapshots_status).await? {
+            let candidate =
+                Candidate { kind: self.kind, object: &self.current, written: written.as_deref(), snapshots_status };
+            match self.applier.partners.hold(self.applier.writer, self.applier.profile, &candidate).await? {
                 Some(reason) => {
                     info!(object = %self.current.object_ref(), %reason, "keeping restatus's ignore");
                     self.held = Some(reason);
@@ -611,138 +523,6 @@ impl<'a> WriteSequence<'a> {
         })
     }
 
-    /// Why restatus must not let metal-operator act on the object yet, if it must not.
-    ///
-    /// `clusterctl move` creates owners before what they own, and claims last (deepest in the
-    /// owner chain), so an object released as soon as its status is back can meet
-    /// metal-operator's handling of a missing partner; the object waits for:
-    /// - a Server, for its ServerClaim (`spec.serverClaimRef`): without it, metal-operator
-    ///   powers the Server off, drops its boot configuration and frees it for other claims;
-    /// - a ServerClaim, for its Server (`spec.serverRef`), and a Bound one for that Server to be
-    ///   `Reserved` for it (see [`claim_waits_for`]): a Bound claim released before is one
-    ///   metal-operator would try to bind again;
-    /// - a BMC, for its Servers: metal-operator creates each system's Server itself (named
-    ///   `<bmc>-system-<n>`, as v0.7.0 does), without status; clusterctl then finds it there
-    ///   and does not copy the source's. The snapshot tells which Servers the BMC had; they are
-    ///   found on the target by identity (see [`WriteSequence::bmc_waits`]).
-    ///
-    /// And a Server whose status, the snapshot's (`snapshots_status`), says `Available` while
-    /// its spec names a claim was bound after the snapshot (a disaster recovery from an older
-    /// snapshot): metal-operator would power the machine off, which serves that claim, and boot
-    /// it again. A person decides (set its status, or remove restatus's `ignore`); see
-    /// docs/MOVE.md, disaster recovery.
-    ///
-    /// The object is the status write's answer, or read again when there was none.
-    async fn hold(&self, written: Option<&str>, snapshots_status: bool) -> Result<Option<String>> {
-        if self.kind.group != METAL_GROUP {
-            return Ok(None);
-        }
-        let profile = self.applier.profile;
-        let partner = |kind: &str| profile.kind(kind).filter(|k| k.group == METAL_GROUP);
-        let wanted: Vec<(&KindProfile, Option<String>, String)> =
-            match (self.kind.kind.as_str(), partner("ServerClaim"), partner("Server")) {
-                ("Server", Some(claims), _) => match self.view(written).await? {
-                    Some(View::Server(ServerView { state, claim: Some((namespace, name)), .. })) => {
-                        if snapshots_status && state == "Available" {
-                            return Ok(Some(format!(
-                                "bound after the snapshot: Available, yet spec.serverClaimRef names {namespace}/{name}"
-                            )));
-                        }
-                        vec![(claims, Some(namespace), name)]
-                    }
-                    _ => vec![],
-                },
-                ("ServerClaim", _, Some(servers)) => match self.view(written).await? {
-                    Some(View::Claim(claim)) => return self.claim_waits(servers, &claim).await,
-                    _ => vec![],
-                },
-                ("BMC", _, Some(servers)) => return self.bmc_waits(servers).await,
-                _ => vec![],
-            };
-        for (kind, namespace, name) in wanted {
-            let ns = namespace.as_deref().unwrap_or_default();
-            if kind.kind == "ServerClaim" && self.applier.known(|pairs| pairs.has_claim(ns, &name)) {
-                continue;
-            }
-            match self.applier.writer.get_named(kind, namespace.as_deref(), &name).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    return Ok(Some(format!("waits for {}", ObjectRef { kind: kind.kind.clone(), namespace, name })));
-                }
-                Err(e) => {
-                    return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e));
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// What a BMC waits for: each Server the snapshot holds for it, on the target under its
-    /// name. One found by neither name nor identity among the Servers the applier knows is
-    /// looked up by name (created since the listing, or outside the controller's selection);
-    /// one found by identity under another name holds the BMC for a person (see
-    /// [`ServerThere::Renamed`]).
-    async fn bmc_waits(&self, servers: &KindProfile) -> Result<Option<String>> {
-        let recorded = servers_of_bmc(&self.current.name, self.applier.system_servers()?);
-        if recorded.is_empty() {
-            return Ok(None);
-        }
-        let live = self.applier.live_servers(servers).await?;
-        for (head, there) in servers_not_there(&recorded, live) {
-            if let ServerThere::Renamed { name, key } = there {
-                return Ok(Some(format!(
-                    "its Server {} is on the target as {name} ({key}): metal-operator names a BMC's Servers \
-                     <bmc>-system-<n> and, released, would create {} again for the same machine and discover it; \
-                     rename {name} to {}, or remove restatus's ignore from this BMC to hand it over as it is",
-                    head.name, head.name, head.name
-                )));
-            }
-            match self.applier.writer.get_named(servers, None, &head.name).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_not_found() => {
-                    return Ok(Some(format!("waits for Server {}", head.name)));
-                }
-                Err(e) => {
-                    return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e));
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    /// What a claim waits for (see [`claim_waits_for`]): its Server, read by name.
-    async fn claim_waits(&self, servers: &KindProfile, claim: &ClaimView) -> Result<Option<String>> {
-        let Some(name) = claim.server.as_deref() else { return Ok(None) };
-        if claim.phase == "Bound" && self.applier.known(|pairs| pairs.reserved_for(name, &claim.namespace, &claim.name))
-        {
-            return Ok(None);
-        }
-        let server = match self.applier.writer.get_named(servers, None, name).await {
-            Ok(json) => {
-                let object = RawObject::parse(&json)
-                    .map_err(|e| self.invalid(format!("its Server {name} cannot be read: {e}")))?;
-                Some(ServerView::from_raw(&object))
-            }
-            Err(kube::Error::Api(s)) if s.is_not_found() => None,
-            Err(e) => return Err(Error::kube(format!("look up what {} waits for", self.current.object_ref()), e)),
-        };
-        Ok(claim_waits_for(claim, server.as_ref()))
-    }
-
-    /// The object's pairing view (a Server's state and `spec.serverClaimRef`, a claim's
-    /// `spec.serverRef`), from the status write's answer or a fresh read.
-    async fn view(&self, written: Option<&str>) -> Result<Option<View>> {
-        let json = match written {
-            Some(json) => json.to_string(),
-            None => self.applier.writer.get(self.kind, &self.current).await?,
-        };
-        let object = RawObject::parse(&json).map_err(|e| match written {
-            Some(_) => self.invalid(format!("answer to the status write: {e}")),
-            None => self.invalid(e.to_string()),
-        })?;
-        Ok(View::of(self.kind, &object))
-    }
-
     /// The Event of an object that needs attention: `StatusNotRestored` (the target refused
     /// it), `StatusPartlyRestored` (the schema dropped fields) or `StatusRestored` with why
     /// restatus keeps its `ignore` on the object.
@@ -850,8 +630,10 @@ mod tests {
     use crate::domain::annotations::{
         OPERATION_ANNOTATION, OPERATION_IGNORE, OPERATION_WAS_ANNOTATION, QUIESCED_BY_ANNOTATION,
     };
+    use crate::domain::pairing::{ClaimView, ServerView};
     use crate::fixtures::api::{self, Handle, answer, conflict, echo};
     use crate::fixtures::{SNAPSHOT_TIME, key, live, manifest, record, ts, uuid};
+    use crate::restore::hold::Seen;
 
     const SERVER: &str = "/apis/metal.ironcore.dev/v1alpha1/servers/server-1";
     const CLAIM: &str = "/apis/metal.ironcore.dev/v1alpha1/namespaces/a/serverclaims/claim-1";
@@ -935,7 +717,7 @@ mod tests {
     async fn restore_knowing<F, Fut>(
         writer: impl FnOnce(kube::Client) -> Writer,
         record: Record,
-        known: Option<&std::sync::RwLock<Views>>,
+        known: Option<&Seen>,
         script: F,
     ) -> Outcome
     where
@@ -952,7 +734,7 @@ mod tests {
         let live = LiveObject { uid: "u-1".into(), ..live("Server", "server-1", &[uuid("uuid-1")], None) };
         let mut applier = Applier::new(&writer, &profile, &manifest, &records, false);
         if let Some(known) = known {
-            applier = applier.with_known_pairs(known);
+            applier = applier.with_partners(Partners::listed(&records, Some(known)));
         }
         let item = PlanItem {
             kind: "Server".into(),
@@ -1014,7 +796,7 @@ mod tests {
     /// looked up as without them, and held when it is not there.
     #[tokio::test]
     async fn a_bound_server_whose_claim_was_seen_is_released_without_a_look_up() {
-        let known = std::sync::RwLock::new(Views::default());
+        let known = Seen::default();
         let writer = |client| Writer::scripted(client, &["Server"]);
         let recorded = || record("Server", "server-1", &[uuid("uuid-1")], wanted());
         let outcome = restore_knowing(writer, recorded(), Some(&known), |mut api| async move {
@@ -1028,7 +810,7 @@ mod tests {
         assert_eq!(outcome.held.as_deref(), Some("waits for ServerClaim a/claim-1"), "not seen: looked up");
 
         let claim = ClaimView { namespace: "a".into(), name: "claim-1".into(), phase: String::new(), server: None };
-        known.write().unwrap().add(View::Claim(claim));
+        known.add(View::Claim(claim));
         let outcome = restore_knowing(writer, recorded(), Some(&known), |mut api| async move {
             quiesce_and_replace_status(&mut api).await;
             let released = json!({"user": "kept", RESTORED_FROM_ANNOTATION: snapshot_id()});
@@ -1101,7 +883,7 @@ mod tests {
     async fn restore_claim_knowing(
         server: Option<(StatusCode, String)>,
         released: bool,
-        known: Option<&std::sync::RwLock<Views>>,
+        known: Option<&Seen>,
     ) -> Outcome {
         let claim = |rv: &str, annotations: Value, status: Value| {
             json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
@@ -1155,7 +937,7 @@ mod tests {
         object.uid = "u-c".into();
         let mut applier = Applier::new(&writer, &profile, &manifest, &records, false);
         if let Some(known) = known {
-            applier = applier.with_known_pairs(known);
+            applier = applier.with_partners(Partners::listed(&records, Some(known)));
         }
         let plan = plan::plan(&plan::PlanInput {
             profile: &profile,
@@ -1214,12 +996,12 @@ mod tests {
     /// claim, or not at all, is looked up as without them.
     #[tokio::test]
     async fn a_claim_whose_server_was_seen_reserved_for_it_is_released_without_a_look_up() {
-        let known = std::sync::RwLock::new(Views::default());
+        let known = Seen::default();
         let seen = |claim: (&str, &str)| {
             let claim = Some((claim.0.to_string(), claim.1.to_string()));
             View::Server(ServerView { name: "server-1".into(), state: "Reserved".into(), claim })
         };
-        known.write().unwrap().add(seen(("a", "other")));
+        known.add(seen(("a", "other")));
         let ours = {
             let mut server: Value =
                 serde_json::from_str(&server("5", quiesced(), json!({"state": "Reserved"}))).unwrap();
@@ -1228,7 +1010,7 @@ mod tests {
         };
         let outcome = restore_claim_knowing(Some(ours), true, Some(&known)).await;
         assert_eq!(outcome.held, None, "seen Reserved for another: looked up, and Reserved for it by now");
-        known.write().unwrap().add(seen(("a", "claim-1")));
+        known.add(seen(("a", "claim-1")));
         let outcome = restore_claim_knowing(None, true, Some(&known)).await;
         assert_eq!((outcome.held, outcome.writes), (None, 3), "no look-up");
     }

@@ -8,11 +8,12 @@
 //! each (the others as they were listed).
 
 pub mod apply;
+pub mod hold;
 pub mod plan;
 pub mod summary;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt, future};
@@ -21,12 +22,13 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 pub use apply::{Applier, Outcome};
+pub use hold::{Partners, Seen};
 pub use plan::{KindMatcher, LiveKeys, PlanInput, PlanItem, RestorePlan, Verdict};
 
 use crate::Result;
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::live::LiveObject;
-use crate::domain::pairing::{METAL_GROUP, View, Views, Violation};
+use crate::domain::pairing::{Views, Violation};
 use crate::format::{SnapshotId, TrustedKeys};
 use crate::k8s::{DEFAULT_PAGE_SIZE, LimitReport, PageRequest, Pager, WriteLimit, Writer, list_objects};
 use crate::store::{Accept, Passed, Point, SnapshotStore, choose_snapshot};
@@ -310,11 +312,12 @@ async fn restore(
         false => Some(Writer::new(client, &opts.profile).await?),
     };
     // The pairing as this restore lists and writes it: a release's look-ups of partners it
-    // answers are saved (see `Applier::with_known_pairs`).
-    let pairs = RwLock::new(Views::default());
-    let applier = writer
-        .as_ref()
-        .map(|w| Applier::new(w, &opts.profile, manifest, &loaded.records, opts.force).with_known_pairs(&pairs));
+    // answers are saved (see `Seen`).
+    let seen = Seen::default();
+    let applier = writer.as_ref().map(|w| {
+        Applier::new(w, &opts.profile, manifest, &loaded.records, opts.force)
+            .with_partners(Partners::listed(&loaded.records, Some(&seen)))
+    });
     let report = RestoreReport {
         snapshot: manifest.snapshot_id.to_string(),
         snapshot_created_at: loaded.manifest.created_at,
@@ -330,7 +333,7 @@ async fn restore(
         stopped: None,
         held: 0,
     };
-    let mut tally = Tally { report, pairs: &pairs };
+    let mut tally = Tally { report, seen: &seen };
     let input = PlanInput {
         profile: &opts.profile,
         snapshot: &manifest.snapshot_id,
@@ -357,10 +360,9 @@ async fn restore(
         let mut matcher = KindMatcher::new(kind, &loaded.records, &keys);
         drop(keys);
         if applier.is_some() && !stop.now() {
-            claims_before_servers(client, kind, opts, &pairs).await?;
+            seen.list_claims_before(client, kind, &opts.profile, &opts.page()).await?;
         }
-        // This kind's listing replaces what was seen of it before.
-        write(&pairs).clear(&kind.kind);
+        seen.listing(kind);
         let (tx, rx) = mpsc::channel::<(PlanItem, LiveObject)>(opts.concurrency.max(1) * 4);
         let plan_pages = plan_pages(client, kind, opts, &input, &mut matcher, &mut tally, tx, &stop);
         let apply = async {
@@ -399,7 +401,7 @@ async fn restore(
         tally.report.writes += applied.writes;
         tally.report.held += applied.summary.held;
         tally.report.outcomes.extend(applied.outcomes);
-        write(&pairs).merge(applied.views);
+        seen.merge(applied.views);
     }
     opts.progress.finish();
     let Tally { mut report, .. } = tally;
@@ -415,38 +417,8 @@ async fn restore(
             lowest = l.lowest, highest = l.highest, halvings = l.halvings, peak_in_flight = l.peak_in_flight, "restore done"),
         None => info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done"),
     }
-    report.pairing = pairs.read().unwrap_or_else(|e| e.into_inner()).check();
+    report.pairing = seen.check();
     Ok(report)
-}
-
-/// Before metal-operator's Servers: its ServerClaims, listed once for their pairing views. A
-/// bound Server restored waits for its claim (which `clusterctl move` creates last), and a claim
-/// seen here saves that Server's look-up of it. Safe though the listing is minutes old when the
-/// last Servers are released: the wait is for a claim yet to *arrive*, and a claim that was
-/// there and is deleted since is a deletion metal-operator is meant to act on (it frees the
-/// Server as it would on the source); a look-up just before the release would have missed a
-/// deletion a moment later all the same. A claim not seen here is still looked up.
-async fn claims_before_servers(
-    client: &kube::Client,
-    kind: &KindProfile,
-    opts: &RestoreOptions,
-    pairs: &RwLock<Views>,
-) -> Result<()> {
-    if kind.group != METAL_GROUP || kind.kind != "Server" {
-        return Ok(());
-    }
-    let claims = opts.profile.kind("ServerClaim").filter(|k| k.group == METAL_GROUP && !k.is_denied());
-    let Some(claims) = claims else { return Ok(()) };
-    list_objects(client, claims, &opts.page(), |object| {
-        write(pairs).extend(View::of(claims, object));
-        Ok(())
-    })
-    .await
-    .map(|_served| ())
-}
-
-fn write(pairs: &RwLock<Views>) -> std::sync::RwLockWriteGuard<'_, Views> {
-    pairs.write().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Tells the progress the write limit when it changed since `last`.
@@ -495,11 +467,11 @@ async fn plan_pages(
         let Some(page) = page else { break };
         let mut live = Vec::with_capacity(page.len());
         {
-            // One lock a page; the applier reads the pairs between pages.
-            let mut pairs = write(tally.pairs);
+            // One lock a page; the appliers read what was seen between pages.
+            let mut seen = tally.seen.page();
             for object in pager.objects(&page) {
                 let object = object?;
-                pairs.extend(View::of(kind, &object));
+                seen.saw(kind, &object);
                 let object = LiveObject::from_raw(kind, &object);
                 live.push(if opts.explain { object } else { object.compact() });
             }
@@ -558,10 +530,10 @@ impl Applied {
     }
 }
 
-/// The report as the pages come in, and the pairing views of the objects listed.
+/// The report as the pages come in, and the pairing of the objects listed.
 struct Tally<'p> {
     report: RestoreReport,
-    pairs: &'p RwLock<Views>,
+    seen: &'p Seen,
 }
 
 impl Tally<'_> {
@@ -651,8 +623,8 @@ mod tests {
             stopped: None,
             held: 0,
         };
-        let pairs = RwLock::new(Views::default());
-        let mut tally = Tally { report, pairs: &pairs };
+        let seen = Seen::default();
+        let mut tally = Tally { report, seen: &seen };
         let (tx, _rx) = mpsc::channel(1);
         let go_on = Stop(tokio::sync::watch::channel(false).1);
         plan_pages(&client, kind, &opts, &input, &mut matcher, &mut tally, tx, &go_on).await.unwrap();
