@@ -523,7 +523,7 @@ mod tests {
     use crate::format::Records;
     use crate::store::SnapshotStore;
 
-    fn context() -> Arc<Context> {
+    pub(super) fn context() -> Arc<Context> {
         context_on(SnapshotStore::open("memory://", "c").unwrap(), Duration::from_secs(120))
     }
 

@@ -192,3 +192,44 @@ pub(super) fn summarize(ctx: &Context, kinds: &[KindProfile], drained: bool) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::tests::context;
+    use super::*;
+    use crate::domain::annotations::{OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION};
+    use crate::fixtures::{self, SNAPSHOT_TIME, record, ts, uuid};
+    use crate::format::SnapshotId;
+
+    /// The keep-quiesced rule: an object restatus quiesced and failed to restore is not handed
+    /// to metal-operator bare because a newer snapshot has no record for it. It stays quiesced
+    /// and is tried again, with no request at all. Not failing, the same object is released:
+    /// its writes start (and fail at the first request, as no API server answers).
+    #[tokio::test]
+    async fn a_failing_object_the_snapshot_has_no_record_for_stays_quiesced_and_is_retried() {
+        let ctx = context();
+        let kind = ctx.options.profile.kind("Server").unwrap().clone();
+        let at = ts(SNAPSHOT_TIME);
+        let other = record("Server", "other", &[uuid("other")], json!({"state": "Available"}));
+        let snapshot = Arc::new(SnapshotIndex::new(
+            fixtures::manifest(SnapshotId::new(at), at),
+            Records::from_records(vec![other]),
+        ));
+        let mut quiesced = fixtures::live("Server", "s", &[uuid("s")], None);
+        quiesced.annotations.insert(OPERATION_ANNOTATION.into(), OPERATION_IGNORE.into());
+        quiesced.annotations.insert(QUIESCED_BY_ANNOTATION.into(), "restatus".into());
+        let mut live = LiveIndex::default();
+        let uid = live.upsert(quiesced);
+        let reconcile = |failing| {
+            let work = Work::prepare(&kind, &snapshot, &live, (uid.clone(), Instant::now(), failing));
+            work.expect("in the index").expect("prepared").run(ctx.clone())
+        };
+
+        let kept = reconcile(true).await.expect("no request made");
+        assert_eq!(kept, Done { next: Next::Retry, wrote: vec![] }, "kept quiesced, tried again");
+        let released = reconcile(false).await;
+        assert!(matches!(released, Err(Error::Kube { .. })), "not failing: its writes start: {released:?}");
+    }
+}
