@@ -282,30 +282,15 @@ impl Stop {
     }
 }
 
+/// [`run_until`] without the stop's task: the snapshot chosen, then each kind in profile order
+/// (see [`Restore::kind`]), then the report finished.
 async fn restore(
     client: &kube::Client,
     store: &SnapshotStore,
     opts: &RestoreOptions,
     stop: Stop,
 ) -> Result<RestoreReport> {
-    let accept = Accept {
-        inconsistent: opts.allow_inconsistent,
-        this_cluster: crate::k8s::cluster_uid(client).await,
-        same_cluster: opts.allow_same_cluster,
-        trusted: opts.trusted_keys.clone(),
-        journal: opts.journal,
-        at: opts.at,
-    };
-    let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
-    // At a point of the journal, statuses written after that point moved on (not after the
-    // base's capture), and the verdict is the point's.
-    let manifest = &loaded.restore_manifest();
-    if let Some(point) = &loaded.point
-        && let Some(gap) = &point.gap
-    {
-        warn!(base = %point.base, segments = point.segments_applied, at = %point.time, "journal: {gap}");
-    }
-    info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "snapshot loaded and verified");
+    let (loaded, manifest) = load(client, store, opts).await?;
     let started = std::time::Instant::now();
     let writer = match opts.dry_run {
         true => None,
@@ -315,25 +300,10 @@ async fn restore(
     // answers are saved (see `Seen`).
     let seen = Seen::default();
     let applier = writer.as_ref().map(|w| {
-        Applier::new(w, &opts.profile, manifest, &loaded.records, opts.force)
+        Applier::new(w, &opts.profile, &manifest, &loaded.records, opts.force)
             .with_partners(Partners::listed(&loaded.records, Some(&seen)))
     });
-    let report = RestoreReport {
-        snapshot: manifest.snapshot_id.to_string(),
-        snapshot_created_at: loaded.manifest.created_at,
-        restored_to: loaded.point.clone(),
-        passed_over: loaded.passed_over.clone(),
-        dry_run: opts.dry_run,
-        counts: Verdict::ALL.iter().map(|v| (*v, 0)).collect(),
-        outcomes: vec![],
-        writes: 0,
-        pairing: vec![],
-        plan: RestorePlan { snapshot: manifest.snapshot_id.clone(), items: vec![] },
-        write_limit: None,
-        stopped: None,
-        held: 0,
-    };
-    let mut tally = Tally { report, seen: &seen };
+    let mut tally = Tally { report: RestoreReport::start(&loaded, &manifest, opts.dry_run), seen: &seen };
     let input = PlanInput {
         profile: &opts.profile,
         snapshot: &manifest.snapshot_id,
@@ -343,82 +313,183 @@ async fn restore(
         force: opts.force,
         explain: opts.explain,
     };
+    let run = Restore { client, opts, input, writer: writer.as_ref(), applier, seen: &seen, stop, started };
     opts.progress.start("restore", Some(loaded.records.len() as u64));
     let mut last_limit = None;
     note_limit(opts, &mut last_limit);
     let mut not_started = 0;
     for kind in opts.profile.kinds.iter().filter(|k| !k.is_denied()) {
+        not_started += run.kind(kind, &mut tally, &mut last_limit).await?;
+    }
+    opts.progress.finish();
+    Ok(run.finish(tally.report, not_started))
+}
+
+/// The snapshot to restore, chosen and verified (see [`choose_snapshot`]), and the manifest
+/// to plan with: at a point of its journal, statuses written after that point moved on (not
+/// after the base's capture), and the verdict is the point's.
+async fn load(
+    client: &kube::Client,
+    store: &SnapshotStore,
+    opts: &RestoreOptions,
+) -> Result<(crate::store::Loaded, crate::format::Manifest)> {
+    let accept = Accept {
+        inconsistent: opts.allow_inconsistent,
+        this_cluster: crate::k8s::cluster_uid(client).await,
+        same_cluster: opts.allow_same_cluster,
+        trusted: opts.trusted_keys.clone(),
+        journal: opts.journal,
+        at: opts.at,
+    };
+    let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
+    let manifest = loaded.restore_manifest();
+    if let Some(point) = &loaded.point
+        && let Some(gap) = &point.gap
+    {
+        warn!(base = %point.base, segments = point.segments_applied, at = %point.time, "journal: {gap}");
+    }
+    info!(snapshot = %manifest.snapshot_id, records = loaded.records.len(), signed_by = loaded.signer.as_ref().map(|k| k.as_str()), "snapshot loaded and verified");
+    Ok((loaded, manifest))
+}
+
+impl RestoreReport {
+    /// The report of a restore from `loaded` (planned with `manifest`) before any kind.
+    fn start(loaded: &crate::store::Loaded, manifest: &crate::format::Manifest, dry_run: bool) -> Self {
+        RestoreReport {
+            snapshot: manifest.snapshot_id.to_string(),
+            snapshot_created_at: loaded.manifest.created_at,
+            restored_to: loaded.point.clone(),
+            passed_over: loaded.passed_over.clone(),
+            dry_run,
+            counts: Verdict::ALL.iter().map(|v| (*v, 0)).collect(),
+            outcomes: vec![],
+            writes: 0,
+            pairing: vec![],
+            plan: RestorePlan { snapshot: manifest.snapshot_id.clone(), items: vec![] },
+            write_limit: None,
+            stopped: None,
+            held: 0,
+        }
+    }
+}
+
+/// What every kind of one restore shares.
+struct Restore<'r> {
+    client: &'r kube::Client,
+    opts: &'r RestoreOptions,
+    /// The snapshot's records and how to plan with them (each page brings its `live`).
+    input: PlanInput<'r>,
+    /// `None` in a dry run, as is `applier`.
+    writer: Option<&'r Writer>,
+    applier: Option<Applier<'r>>,
+    seen: &'r Seen,
+    stop: Stop,
+    started: std::time::Instant,
+}
+
+impl Restore<'_> {
+    /// One kind: its live keys listed, then its pages listed and planned while their writes
+    /// run; the records with no live object; the kind's summary Event. Returns how many of its
+    /// writes a stop left unstarted (a stop before its keys are listed leaves the whole kind,
+    /// counted in the report as not reached).
+    async fn kind(&self, kind: &KindProfile, tally: &mut Tally<'_>, last_limit: &mut Option<usize>) -> Result<usize> {
+        let (opts, stop) = (self.opts, &self.stop);
         // A stop while the keys are listed: nothing of this kind is quiesced yet.
         let page = opts.page();
         let keys = tokio::select! {
-            keys = live_keys(client, kind, &page), if !stop.now() => keys?,
+            keys = live_keys(self.client, kind, &page), if !stop.now() => keys?,
             _ = stop.clone().wait() => {
                 tally.report.stopped.get_or_insert_default().kinds_not_reached.push(kind.kind.clone());
-                continue;
+                return Ok(0);
             }
         };
-        let mut matcher = KindMatcher::new(kind, &loaded.records, &keys);
+        let mut matcher = KindMatcher::new(kind, self.input.records, &keys);
         drop(keys);
-        if applier.is_some() && !stop.now() {
-            seen.list_claims_before(client, kind, &opts.profile, &opts.page()).await?;
+        if self.applier.is_some() && !stop.now() {
+            self.seen.list_claims_before(self.client, kind, &opts.profile, &opts.page()).await?;
         }
-        seen.listing(kind);
+        self.seen.listing(kind);
         let (tx, rx) = mpsc::channel::<(PlanItem, LiveObject)>(opts.concurrency.max(1) * 4);
-        let plan_pages = plan_pages(client, kind, opts, &input, &mut matcher, &mut tally, tx, &stop);
-        let apply = async {
-            let mut applied = Applied::default();
-            if let Some(applier) = &applier {
-                // After a stop, no object's writes start; those in flight finish.
-                rx.take_until(stop.clone().wait())
-                    .map(|(item, object)| async move { (applier.apply_to(kind, &item, &object).await, item) })
-                    .buffer_unordered(opts.concurrency.max(1))
-                    .for_each(|(outcome, item)| {
-                        applied.add(outcome, item, opts);
-                        note_limit(opts, &mut last_limit);
-                        future::ready(())
-                    })
-                    .await;
-            }
-            applied
-        };
-        let (planned, applied) = tokio::join!(plan_pages, apply);
-        let sent = planned?;
-        not_started += sent - applied.started;
-        for item in matcher.finish(&input)? {
+        let plan_pages = plan_pages(self.client, kind, opts, &self.input, &mut matcher, tally, tx, stop);
+        let (planned, applied) = tokio::join!(plan_pages, self.apply(kind, rx, last_limit));
+        let not_started = planned? - applied.started;
+        for item in matcher.finish(&self.input)? {
             tally.keep(&item, opts, true);
         }
-        let records = loaded.records.of_kind(&kind.qualified_kind()).count();
+        self.kind_done(kind, applied, tally).await;
+        Ok(not_started)
+    }
+
+    /// Writes the items `planned` sends, `concurrency` objects at a time (nothing in a dry
+    /// run); after a stop, no object's writes start, and those in flight finish.
+    async fn apply(
+        &self,
+        kind: &KindProfile,
+        planned: mpsc::Receiver<(PlanItem, LiveObject)>,
+        last_limit: &mut Option<usize>,
+    ) -> Applied {
+        let mut applied = Applied::default();
+        let Some(applier) = &self.applier else { return applied };
+        planned
+            .take_until(self.stop.clone().wait())
+            .map(|(item, object)| async move { (applier.apply_to(kind, &item, &object).await, item) })
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .for_each(|(outcome, item)| {
+                applied.add(outcome, item, self.opts);
+                note_limit(self.opts, last_limit);
+                future::ready(())
+            })
+            .await;
+        applied
+    }
+
+    /// What a kind's writes did: logged, told in its summary Event, added to the report, and
+    /// their answers' pairing taken as seen.
+    async fn kind_done(&self, kind: &KindProfile, applied: Applied, tally: &mut Tally<'_>) {
+        let records = self.input.records.of_kind(&kind.qualified_kind()).count();
         match (records, applied.writes) {
             (0, 0) => debug!(kind = %kind.kind, "no records of this kind in the snapshot"),
             (records, writes) => {
-                let write_limit = opts.write_limit.as_ref().map(WriteLimit::current);
-                info!(kind = %kind.kind, records, writes, write_limit, elapsed = ?started.elapsed(), "kind restored")
+                let write_limit = self.opts.write_limit.as_ref().map(WriteLimit::current);
+                info!(kind = %kind.kind, records, writes, write_limit, elapsed = ?self.started.elapsed(), "kind restored")
             }
         }
-        if let Some(writer) = writer.as_ref().filter(|_| !applied.summary.is_empty()) {
-            writer.summary_event(kind, applied.summary.event(&kind.plural, manifest.snapshot_id.as_str())).await;
+        if let Some(writer) = self.writer.filter(|_| !applied.summary.is_empty()) {
+            writer.summary_event(kind, applied.summary.event(&kind.plural, self.input.snapshot.as_str())).await;
         }
         tally.report.writes += applied.writes;
         tally.report.held += applied.summary.held;
         tally.report.outcomes.extend(applied.outcomes);
-        seen.merge(applied.views);
+        self.seen.merge(applied.views);
     }
-    opts.progress.finish();
-    let Tally { mut report, .. } = tally;
-    if stop.now() {
-        let stopped = report.stopped.get_or_insert_default();
-        stopped.writes_not_started = not_started;
-        warn!(writes = report.writes, not_started, kinds_not_reached = ?stopped.kinds_not_reached,
-            "restore stopped: the writes in flight were finished and released; rerun to do the rest");
+
+    /// The report once every kind is done or a stop came: what was left undone, what the
+    /// write limit did, and the pairing check.
+    fn finish(&self, mut report: RestoreReport, not_started: usize) -> RestoreReport {
+        if self.stop.now() {
+            let stopped = report.stopped.get_or_insert_default();
+            stopped.writes_not_started = not_started;
+            warn!(writes = report.writes, not_started, kinds_not_reached = ?stopped.kinds_not_reached,
+                "restore stopped: the writes in flight were finished and released; rerun to do the rest");
+        }
+        report.write_limit = self.opts.write_limit.as_ref().map(WriteLimit::report);
+        let elapsed = self.started.elapsed();
+        match &report.write_limit {
+            Some(l) => info!(
+                writes = report.writes,
+                ?elapsed,
+                write_limit = l.final_limit,
+                lowest = l.lowest,
+                highest = l.highest,
+                halvings = l.halvings,
+                peak_in_flight = l.peak_in_flight,
+                "restore done"
+            ),
+            None => info!(writes = report.writes, ?elapsed, "restore done"),
+        }
+        report.pairing = self.seen.check();
+        report
     }
-    report.write_limit = opts.write_limit.as_ref().map(WriteLimit::report);
-    match &report.write_limit {
-        Some(l) => info!(writes = report.writes, elapsed = ?started.elapsed(), write_limit = l.final_limit,
-            lowest = l.lowest, highest = l.highest, halvings = l.halvings, peak_in_flight = l.peak_in_flight, "restore done"),
-        None => info!(writes = report.writes, elapsed = ?started.elapsed(), "restore done"),
-    }
-    report.pairing = seen.check();
-    Ok(report)
 }
 
 /// Tells the progress the write limit when it changed since `last`.
