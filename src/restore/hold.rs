@@ -442,3 +442,34 @@ async fn view(writer: &Writer, candidate: &Candidate<'_>) -> Result<Option<View>
 fn invalid(candidate: &Candidate<'_>, reason: String) -> Error {
     Error::InvalidObject { kind: candidate.kind.qualified_kind(), name: candidate.object.name.clone(), reason }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What was seen of metal-operator's claims is forgotten by a listing or deletion of its
+    /// own ServerClaims, not by those of a kind of the same name in another group.
+    #[test]
+    fn only_metal_operators_own_kinds_make_seen_forget() {
+        let profile = Profile::metal_operator();
+        let claims = profile.kind("ServerClaim").unwrap();
+        let foreign = KindProfile { group: "example.com".into(), ..claims.clone() };
+        let seen = Seen::default();
+        let claim = ClaimView { namespace: "a".into(), name: "c".into(), phase: "Bound".into(), server: None };
+        seen.add(View::Claim(claim));
+        let has_claim = || seen.knows(|views| views.has_claim("a", "c"));
+        seen.listing(&foreign);
+        seen.gone(&foreign, Some("a"), "c");
+        assert!(has_claim(), "another group's kind says nothing of metal-operator's pairing");
+        seen.gone(claims, Some("a"), "c");
+        assert!(!has_claim(), "deleted");
+        seen.add(View::Claim(ClaimView {
+            namespace: "a".into(),
+            name: "c".into(),
+            phase: String::new(),
+            server: None,
+        }));
+        seen.listing(claims);
+        assert!(!has_claim(), "listed again: forgotten until the listing shows it");
+    }
+}
