@@ -6,7 +6,7 @@ use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 use tracing::warn;
 
-use crate::backup::BackupOptions;
+use super::BackupOptions;
 use crate::domain::capture::{Collector, reasons};
 use crate::domain::identity::KindProfile;
 use crate::format::{PayloadEncoder, SnapshotId};

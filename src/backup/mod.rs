@@ -5,58 +5,20 @@
 //! leaves no manifest, so a half-written backup never looks complete.
 
 pub mod capture;
+pub mod cron;
+mod options;
 pub mod schedule;
+
+pub use options::BackupOptions;
 
 use jiff::Timestamp;
 use object_store::buffered::BufWriter;
 use tracing::{info, warn};
 
-use crate::domain::identity::Profile;
-use crate::format::{Manifest, PayloadEncoder, PayloadSummary, Recipients, SigningKey, SnapshotId};
-use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
+use crate::format::{Manifest, PayloadEncoder, PayloadSummary, SigningKey, SnapshotId};
 use crate::store::SnapshotStore;
 use crate::{Error, Result};
 use capture::capture_into;
-
-#[derive(Debug, Clone)]
-pub struct BackupOptions {
-    pub profile: Profile,
-    /// Objects per LIST page.
-    pub page_size: u32,
-    /// Only objects with these labels (a Kubernetes label selector).
-    pub selector: Option<String>,
-    pub zstd_level: i32,
-    /// Captures to take at most while they come out inconsistent.
-    pub capture_attempts: u32,
-    /// Pause between two captures.
-    pub retry_delay: std::time::Duration,
-    /// Told of each page of objects captured (phase `backup`, total unknown).
-    pub progress: crate::progress::ProgressHook,
-    /// Signs each manifest (`--signing-key`); `None`: snapshots are unsigned.
-    pub signing_key: Option<std::sync::Arc<SigningKey>>,
-    /// Encrypts each payload to these recipients (`--encrypt-to`); `None`: payloads are plain.
-    pub recipients: Option<std::sync::Arc<Recipients>>,
-}
-
-impl BackupOptions {
-    pub fn page(&self) -> PageRequest<'_> {
-        PageRequest { size: self.page_size, selector: self.selector.as_deref(), namespace: None }
-    }
-
-    pub fn new(profile: Profile) -> Self {
-        BackupOptions {
-            profile,
-            page_size: DEFAULT_PAGE_SIZE,
-            selector: None,
-            zstd_level: 3,
-            capture_attempts: 3,
-            retry_delay: std::time::Duration::from_secs(2),
-            progress: Default::default(),
-            signing_key: None,
-            recipients: None,
-        }
-    }
-}
 
 /// Takes one snapshot of everything the profile names and returns its manifest.
 ///
@@ -124,6 +86,7 @@ async fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::identity::Profile;
     use crate::fixtures::api::{self, answer, list_with_an_expired_token};
 
     #[tokio::test]
