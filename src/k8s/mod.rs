@@ -6,6 +6,7 @@ pub mod client;
 pub mod events;
 pub mod leader;
 pub mod limit;
+pub mod limiter;
 pub mod list;
 pub mod watch;
 pub mod writer;
