@@ -117,13 +117,22 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// Binds the endpoints' address: a port that cannot be bound is an error at start, not a
+/// probe that fails later.
+pub async fn bind(addr: std::net::SocketAddr) -> crate::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| crate::Error::io(format!("listen on {addr} for /metrics, /healthz, /readyz"), e))
+}
+
 /// Serves `/metrics` (what `render` returns at each scrape, as OpenMetrics text), `/healthz`
-/// and `/readyz` (200 `ready`, or 503 `not ready: <why>` as `readiness` says) on `listener`
-/// until the process ends: the endpoints of `restatus journal --metrics-addr`.
+/// and `/readyz` (200 or 503 as `readiness` says, with the body it gives) on `listener` until
+/// the process ends: the endpoints of every long-running mode (`controller`, `journal`,
+/// `schedule` with `--metrics-addr`).
 pub async fn serve<R, Q>(listener: tokio::net::TcpListener, render: R, readiness: Q) -> crate::Result<()>
 where
     R: Fn() -> String + Clone + Send + Sync + 'static,
-    Q: Fn() -> Result<(), String> + Clone + Send + Sync + 'static,
+    Q: Fn() -> (bool, String) + Clone + Send + Sync + 'static,
 {
     use axum::http::{StatusCode, header};
     use axum::routing::get;
@@ -136,10 +145,8 @@ where
         .route(
             "/readyz",
             get(move || {
-                std::future::ready(match readiness() {
-                    Ok(()) => (StatusCode::OK, "ready\n".to_string()),
-                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
-                })
+                let (ready, body) = readiness();
+                std::future::ready((if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, body))
             }),
         );
     if let Ok(addr) = listener.local_addr() {

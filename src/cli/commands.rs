@@ -10,7 +10,6 @@ use anyhow::{Context, Result, bail};
 use clap::CommandFactory;
 use restatus::backup::schedule::{self, Schedule, ScheduleMetrics};
 use restatus::backup::{self, BackupOptions};
-use restatus::controller::http;
 use restatus::controller::{self, ControllerOptions, Election, Role as ControllerRole};
 use restatus::domain::compare::Comparer;
 use restatus::domain::identity::Profile;
@@ -103,9 +102,12 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
             // Bound before anything else: a taken port fails the start, not a scrape later.
             let server = match metrics_addr {
                 Some(addr) => {
-                    let listener = http::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
+                    let listener =
+                        restatus::metrics::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
                     let m = metrics.clone();
-                    Some(tokio::spawn(http::serve_metrics(move || m.render(), listener)))
+                    // Running is ready: a backup that fails is counted, not a reason to restart.
+                    let ready = || (true, "ready\n".to_string());
+                    Some(tokio::spawn(restatus::metrics::serve(listener, move || m.render(), ready)))
                 }
                 None => None,
             };
@@ -139,9 +141,14 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
             // Bound before anything else: a taken port fails the start, not a probe later.
             let server = match args.metrics_addr {
                 Some(addr) => {
-                    let listener = http::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
+                    let listener =
+                        restatus::metrics::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
                     let (m, r) = (metrics.clone(), metrics.clone());
-                    Some(tokio::spawn(restatus::metrics::serve(listener, move || m.render(), move || r.readiness())))
+                    let ready = move || match r.readiness() {
+                        Ok(()) => (true, "ready\n".to_string()),
+                        Err(why) => (false, format!("not ready: {why}\n")),
+                    };
+                    Some(tokio::spawn(restatus::metrics::serve(listener, move || m.render(), ready)))
                 }
                 None => None,
             };

@@ -460,7 +460,7 @@ pub async fn run_elected(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     tokio::pin!(shutdown);
-    let server = tokio::spawn(http::serve(ctx.clone(), http::bind(election.http_addr).await?));
+    let server = tokio::spawn(http::serve(ctx.clone(), crate::metrics::bind(election.http_addr).await?));
     let newest = tokio::spawn(context::export_newest(ctx.clone(), ctx.options.snapshot_refresh));
     let leadership = Leadership::join(
         &election.lease_client,
