@@ -7,12 +7,15 @@
 //!   on [`backup`] (capture → encode → store, schedule), [`restore`] (choose → per kind:
 //!   list keys, then plan and apply page by page → check pairing) and [`journal`] (watch →
 //!   segments of status changes chained to the newest snapshot);
-//! * shared by the flows: [`metrics`] (the bucket's newest snapshot, OpenMetrics text);
-//! * edges: [`k8s`] (clients, the pager, watches, writes, events, leader election) and
-//!   [`store`] (object store layout, snapshot choice, retention, cluster ids);
+//! * shared by the flows: [`metrics`] (the bucket's newest snapshot, OpenMetrics text, the one
+//!   HTTP server of the long-running modes);
+//! * edges: [`k8s`] (clients, the pager, watches, writes, events, leader election, the writes'
+//!   adaptive limit: a pure limiter and its gate) and [`store`] (object store backends, snapshots
+//!   read verified and written create-only, snapshot choice, journal segments, retention,
+//!   cluster ids);
 //! * pure: [`domain`] (raw objects, profiles, annotations, pairing, capture verdicts, live
 //!   objects, status diffs, snapshot comparison) on [`format`] (identity keys, records,
-//!   manifest, payload);
+//!   manifest, payload and its spill to disk, signatures, encryption, journal segments);
 //! * support: [`error`], [`progress`], [`telemetry`].
 //!
 //! `tests/layers.rs` checks these layers against the code.
