@@ -10,12 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use restatus::format::{
-    CaptureSummary, DecryptionKeys, IdentityKey, Manifest, PayloadEncoder, Recipients, Record, SigningKey, SnapshotId,
-    TrustedKeys,
-};
+use restatus::fixtures::{self, server, uuid};
+use restatus::format::{DecryptionKeys, Recipients, Record, SigningKey, SnapshotId, TrustedKeys};
 use restatus::store::{Accept, SnapshotStore, choose_snapshot};
-use serde_json::value::RawValue;
 
 const OBJECTS: usize = 10_000;
 const ROUNDS: usize = 7;
@@ -26,23 +23,7 @@ fn record(i: usize) -> Record {
         .map(|n| serde_json::json!({"name": format!("eth{n}"), "macAddress": format!("aa:bb:cc:{:02x}:{:02x}:{n:02x}", i / 256 % 256, i % 256), "ip": format!("10.{}.{}.{n}", i / 256 % 256, i % 256), "neighbor": {"switch": format!("sw-{}", i % 40), "port": format!("Ethernet{n}")}}))
         .collect();
     let status = serde_json::json!({"state": "Reserved", "powerState": "On", "serialNumber": format!("SN{i:08}"), "networkInterfaces": nics});
-    Record {
-        api_version: "metal.ironcore.dev/v1alpha1".into(),
-        kind: "Server".into(),
-        namespace: None,
-        name: format!("server-{i}"),
-        keys: vec![IdentityKey {
-            field: "spec.systemUUID".into(),
-            value: format!("{i:08x}-0000-4000-8000-000000000000"),
-        }],
-        uid: Some(format!("uid-{i}")),
-        resource_version: Some("1".into()),
-        generation: Some(1),
-        creation_timestamp: Some("2026-11-30T09:00:00Z".into()),
-        labels: Default::default(),
-        annotations: Default::default(),
-        status: RawValue::from_string(status.to_string()).unwrap(),
-    }
+    Record { keys: vec![uuid(&format!("{i:08x}-0000-4000-8000-000000000000"))], ..server(i, &status.to_string()) }
 }
 
 /// The store side of one backup; signed with `key` when given, its payload encrypted to `to`.
@@ -53,18 +34,15 @@ async fn backup(
     to: Option<&Recipients>,
 ) -> (SnapshotId, Duration) {
     let started = Instant::now();
-    let now = jiff::Timestamp::now();
-    let id = SnapshotId::new(now);
-    let (payload, summary) = PayloadEncoder::encode_all(3, to, records).unwrap();
-    object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
-        .await
-        .unwrap();
-    let mut manifest = Manifest::new(store.cluster_id(), id.clone(), now, "bench", CaptureSummary::empty(), summary);
-    match key {
-        Some(key) => store.put_signed_manifest(&mut manifest, key).await.unwrap(),
-        None => store.put_manifest(&manifest).await.unwrap(),
+    let mut snapshot = fixtures::snapshot(records).at(jiff::Timestamp::now()).profile("bench");
+    if let Some(key) = key {
+        snapshot = snapshot.signed_with(key);
     }
-    (id, started.elapsed())
+    if let Some(to) = to {
+        snapshot = snapshot.encrypted_to(to);
+    }
+    let manifest = snapshot.write(store).await;
+    (manifest.snapshot_id, started.elapsed())
 }
 
 async fn restore(store: &SnapshotStore, id: &SnapshotId, accept: &Accept) -> Duration {

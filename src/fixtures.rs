@@ -1,5 +1,10 @@
-//! Fixtures shared by the unit tests: identity keys, records, live objects, manifests, and a
-//! scripted API server (tower-test) that plays the API server's side of a conversation.
+//! The builders tests share: identity keys, records, live objects, manifests, snapshots and
+//! journal segments written to a store, and (unit tests only) a scripted API server (tower-test)
+//! that plays the API server's side of a conversation.
+//!
+//! The unit tests have it; the tests, benches and e2e tests outside `src/` have it through the
+//! feature `test-support`, as restatus's own dev-dependency. Not part of restatus's API: a
+//! builder panics where a test would fail.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +14,9 @@ use serde_json::value::RawValue;
 
 use crate::domain::identity::Profile;
 use crate::domain::live::{LiveObject, LiveStatus};
-use crate::format::{CaptureSummary, IdentityKey, Manifest, PayloadSummary, Record, SnapshotId};
+use crate::format::{
+    CaptureSummary, IdentityKey, Manifest, PayloadEncoder, PayloadSummary, Recipients, Record, SigningKey, SnapshotId,
+};
 
 /// When the fixtures' snapshots were taken.
 pub const SNAPSHOT_TIME: &str = "2026-11-30T09:00:00Z";
@@ -49,6 +56,25 @@ pub fn record(kind: &str, name: &str, keys: &[IdentityKey], status: Value) -> Re
     }
 }
 
+/// A Server as a backup captures it: `server-<i>` (uid `uid-<i>`, systemUUID `uuid-<i>`) at
+/// resourceVersion 1, with `status` (JSON text).
+pub fn server(i: usize, status: &str) -> Record {
+    Record {
+        api_version: "metal.ironcore.dev/v1alpha1".into(),
+        kind: "Server".into(),
+        namespace: None,
+        name: format!("server-{i}"),
+        keys: vec![uuid(&format!("uuid-{i}"))],
+        uid: Some(format!("uid-{i}")),
+        resource_version: Some("1".into()),
+        generation: Some(1),
+        creation_timestamp: Some(SNAPSHOT_TIME.into()),
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        status: RawValue::from_string(status.into()).expect("a test status is JSON"),
+    }
+}
+
 /// A live, cluster-scoped object of `kind` named `name` (its uid is its name), at
 /// resourceVersion 1.
 pub fn live(kind: &str, name: &str, keys: &[IdentityKey], status: Option<Value>) -> LiveObject {
@@ -85,7 +111,132 @@ pub fn manifest_of(id: SnapshotId, at: Timestamp, capture: CaptureSummary) -> Ma
     Manifest::new("c", id, at, "metal-operator", capture, payload)
 }
 
+/// A snapshot of `records` written to `store` (captured at `at`; `consistent` its verdict).
+pub async fn write_snapshot(
+    store: &crate::store::SnapshotStore,
+    at: &str,
+    records: &[Record],
+    consistent: bool,
+) -> Manifest {
+    let mut capture = CaptureSummary::empty();
+    capture.consistency.consistent = consistent;
+    capture.consistency.reason_count = usize::from(!consistent);
+    snapshot(records).at(ts(at)).capture(capture).write(store).await
+}
+
+/// A snapshot of `records` to write to a store the way a backup writes one (payload, then
+/// manifest): taken at [`SNAPSHOT_TIME`] with the metal-operator profile, consistent, plain and
+/// unsigned until said otherwise: `snapshot(&records).at(ts(..)).signed_with(&key).write(&store)`.
+pub fn snapshot(records: &[Record]) -> NewSnapshot<'_> {
+    NewSnapshot {
+        records,
+        at: ts(SNAPSHOT_TIME),
+        profile: "metal-operator",
+        capture: CaptureSummary::empty(),
+        recipients: None,
+        key: None,
+        captured_from: None,
+    }
+}
+
+/// A snapshot [`snapshot`] builds.
+pub struct NewSnapshot<'a> {
+    records: &'a [Record],
+    at: Timestamp,
+    profile: &'a str,
+    capture: CaptureSummary,
+    recipients: Option<&'a Recipients>,
+    key: Option<&'a SigningKey>,
+    captured_from: Option<&'a str>,
+}
+
+impl<'a> NewSnapshot<'a> {
+    /// Taken at `at` (its id, and the manifest's time).
+    pub fn at(self, at: Timestamp) -> Self {
+        NewSnapshot { at, ..self }
+    }
+
+    /// Captured with the profile named `profile`.
+    pub fn profile(self, profile: &'a str) -> Self {
+        NewSnapshot { profile, ..self }
+    }
+
+    /// The manifest's capture summary (kinds, consistency).
+    pub fn capture(self, capture: CaptureSummary) -> Self {
+        NewSnapshot { capture, ..self }
+    }
+
+    /// The payload encrypted to `recipients`.
+    pub fn encrypted_to(self, recipients: &'a Recipients) -> Self {
+        NewSnapshot { recipients: Some(recipients), ..self }
+    }
+
+    /// The manifest signed with `key` (its signature written before it).
+    pub fn signed_with(self, key: &'a SigningKey) -> Self {
+        NewSnapshot { key: Some(key), ..self }
+    }
+
+    /// Captured from the cluster of uid `uid` (what a target that backs itself up records).
+    pub fn captured_from(self, uid: &'a str) -> Self {
+        NewSnapshot { captured_from: Some(uid), ..self }
+    }
+
+    /// Writes the payload, then the manifest; the manifest written.
+    pub async fn write(self, store: &crate::store::SnapshotStore) -> Manifest {
+        let id = SnapshotId::new(self.at);
+        let (payload, summary) = PayloadEncoder::encode_all(3, self.recipients, self.records).expect("records encode");
+        object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
+            .await
+            .expect("payload written");
+        let mut manifest = Manifest::new(store.cluster_id(), id, self.at, self.profile, self.capture, summary);
+        manifest.captured_from = self.captured_from.map(String::from);
+        match self.key {
+            Some(key) => store.put_signed_manifest(&mut manifest, key).await.expect("signed manifest written"),
+            None => store.put_manifest(&manifest).await.expect("manifest written"),
+        }
+        manifest
+    }
+}
+
+/// Records as a payload: its bytes and summary.
+pub fn encode(records: &[Record]) -> (Vec<u8>, PayloadSummary) {
+    PayloadEncoder::encode_all(3, None, records).expect("records encode")
+}
+
+/// Appends a segment of `records` to the journal of `base`, `secs` seconds after the chain's
+/// point, with the verdict `consistent`. Its sequence number.
+pub async fn append_segment(
+    store: &crate::store::SnapshotStore,
+    base: &Manifest,
+    records: &[Record],
+    secs: i64,
+    consistent: bool,
+) -> u64 {
+    let chain = store.read_chain(&base.snapshot_id, base.created_at, None).await.expect("chain read");
+    let seq = chain.next_sequence();
+    let (bytes, summary) = encode(records);
+    let from = chain.links.last().map_or(base.created_at, |l| l.header.to);
+    let deleted = records.iter().filter(|r| crate::format::is_tombstone(r)).count() as u64;
+    let consistency =
+        crate::format::Consistency { consistent, attempts: 1, reasons: vec![], reason_count: usize::from(!consistent) };
+    let mut header = crate::format::SegmentHeader::new(
+        store.cluster_id(),
+        &base.snapshot_id,
+        seq,
+        chain.last_sha256(),
+        from,
+        from + jiff::SignedDuration::from_secs(secs),
+        BTreeMap::new(),
+        (records.len() as u64 - deleted, deleted),
+        summary,
+        Some(consistency),
+    );
+    store.put_segment(&mut header, bytes, None).await.expect("segment written");
+    seq
+}
+
 /// A scripted API server: the test plays the API server's side, request by request.
+#[cfg(test)]
 pub mod api {
     use http::{Method, Request, Response, StatusCode};
     use kube::client::Body;
@@ -159,62 +310,4 @@ pub mod api {
                "message": "the object has been modified; please apply your changes to the latest version"})
         .to_string()
     }
-}
-
-/// A snapshot of `records` written to `store` (captured at `at`; `consistent` its verdict).
-pub async fn write_snapshot(
-    store: &crate::store::SnapshotStore,
-    at: &str,
-    records: &[Record],
-    consistent: bool,
-) -> Manifest {
-    let (payload, summary) = encode(records);
-    let at = ts(at);
-    let id = SnapshotId::new(at);
-    object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
-        .await
-        .expect("payload written");
-    let mut capture = CaptureSummary::empty();
-    capture.consistency.consistent = consistent;
-    capture.consistency.reason_count = usize::from(!consistent);
-    let manifest = Manifest::new(store.cluster_id(), id, at, "metal-operator", capture, summary);
-    store.put_manifest(&manifest).await.expect("manifest written");
-    manifest
-}
-
-/// Records as a payload: its bytes and summary.
-pub fn encode(records: &[Record]) -> (Vec<u8>, PayloadSummary) {
-    crate::format::PayloadEncoder::encode_all(3, None, records).expect("records encode")
-}
-
-/// Appends a segment of `records` to the journal of `base`, `secs` seconds after the chain's
-/// point, with the verdict `consistent`. Its sequence number.
-pub async fn append_segment(
-    store: &crate::store::SnapshotStore,
-    base: &Manifest,
-    records: &[Record],
-    secs: i64,
-    consistent: bool,
-) -> u64 {
-    let chain = store.read_chain(&base.snapshot_id, base.created_at, None).await.expect("chain read");
-    let seq = chain.next_sequence();
-    let (bytes, summary) = encode(records);
-    let from = chain.links.last().map_or(base.created_at, |l| l.header.to);
-    let deleted = records.iter().filter(|r| crate::format::is_tombstone(r)).count() as u64;
-    let consistency =
-        crate::format::Consistency { consistent, attempts: 1, reasons: vec![], reason_count: usize::from(!consistent) };
-    let mut header = crate::format::SegmentHeader::new(
-        store.cluster_id(),
-        &base.snapshot_id,
-        seq,
-        chain.last_sha256(),
-        from,
-        from + jiff::SignedDuration::from_secs(secs),
-        BTreeMap::new(),
-        (records.len() as u64 - deleted, deleted),
-        summary,
-        Some(consistency),
-    );
-    store.put_segment(&mut header, bytes, None).await.expect("segment written");
-    seq
 }

@@ -39,8 +39,10 @@ pub mod restore;
 pub mod store;
 pub mod telemetry;
 
-#[cfg(test)]
-pub(crate) mod fixtures;
+/// The builders tests share (feature `test-support`); not restatus's API.
+#[cfg(any(test, feature = "test-support"))]
+#[doc(hidden)]
+pub mod fixtures;
 
 pub use error::{Error, Result};
 

@@ -6,45 +6,15 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use object_store::ObjectStoreExt;
-use restatus::format::{IdentityKey, Manifest, PayloadEncoder, Record, SnapshotId};
+use restatus::fixtures::{append_segment, server, snapshot, ts};
+use restatus::format::{Manifest, Record};
 use restatus::store::SnapshotStore;
 use serde_json::Value;
-use serde_json::value::RawValue;
-
-fn record(i: usize, status: &str) -> Record {
-    Record {
-        api_version: "metal.ironcore.dev/v1alpha1".into(),
-        kind: "Server".into(),
-        namespace: None,
-        name: format!("server-{i}"),
-        keys: vec![IdentityKey { field: "spec.systemUUID".into(), value: format!("uuid-{i}") }],
-        uid: Some(format!("uid-{i}")),
-        resource_version: Some("1".into()),
-        generation: Some(1),
-        creation_timestamp: Some("2026-11-30T09:00:00Z".into()),
-        labels: Default::default(),
-        annotations: Default::default(),
-        status: RawValue::from_string(status.to_string()).unwrap(),
-    }
-}
 
 /// Writes a snapshot the way a backup does (payload, then manifest) with `records` Servers.
-async fn write(store: &SnapshotStore, at: &str, records: usize, state: &str) -> SnapshotId {
-    let id = SnapshotId::new(at.parse().unwrap());
-    let mut encoder = PayloadEncoder::new(3).unwrap();
-    let mut payload = Vec::new();
-    for i in 0..records {
-        encoder.push(&record(i, &format!(r#"{{"state":"{state}"}}"#))).unwrap();
-        payload.extend(encoder.take_output());
-    }
-    let (tail, summary) = encoder.finish().unwrap();
-    payload.extend(tail);
-    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
-    let capture = restatus::format::CaptureSummary::empty();
-    let manifest = Manifest::new(store.cluster_id(), id.clone(), at.parse().unwrap(), "test", capture, summary);
-    store.put_manifest(&manifest).await.unwrap();
-    id
+async fn write(store: &SnapshotStore, at: &str, records: usize, state: &str) -> Manifest {
+    let records: Vec<Record> = (0..records).map(|i| server(i, &format!(r#"{{"state":"{state}"}}"#))).collect();
+    snapshot(&records).at(ts(at)).profile("test").write(store).await
 }
 
 /// Runs the binary with `args` and nothing from this environment (no `RESTATUS_*`).
@@ -86,7 +56,7 @@ async fn every_snapshots_command_prints_one_document_that_parses_in_json_and_yam
     let first = write(&store, "2026-11-30T08:00:00Z", 3, "Available").await;
     write(&store, "2026-11-30T09:00:00Z", 3, "Reserved").await;
     let newest = write(&store, "2026-11-30T10:00:00Z", 2, "Reserved").await;
-    let (first, newest) = (first.to_string(), newest.to_string());
+    let (first, newest) = (first.snapshot_id.to_string(), newest.snapshot_id.to_string());
     for format in ["json", "yaml"] {
         let run = |args: &[&str]| {
             let mut args = args.to_vec();
@@ -128,9 +98,9 @@ async fn snapshots_delete_says_what_it_deleted_and_refuses_the_newest_without_fo
     let tmp = tempfile::tempdir().unwrap();
     let storage = file_storage(tmp.path());
     let store = SnapshotStore::open(&storage, "c").unwrap();
-    let first = write(&store, "2026-11-30T08:00:00Z", 3, "Available").await.to_string();
-    let second = write(&store, "2026-11-30T09:00:00Z", 3, "Reserved").await.to_string();
-    let newest = write(&store, "2026-11-30T10:00:00Z", 3, "Reserved").await.to_string();
+    let first = write(&store, "2026-11-30T08:00:00Z", 3, "Available").await.snapshot_id.to_string();
+    let second = write(&store, "2026-11-30T09:00:00Z", 3, "Reserved").await.snapshot_id.to_string();
+    let newest = write(&store, "2026-11-30T10:00:00Z", 3, "Reserved").await.snapshot_id.to_string();
 
     let deleted = document(&restatus(&storage, &["snapshots", "delete", &first, "-o", "json"], &[]), "json", "delete");
     assert_eq!(deleted["snapshot"], first.as_str());
@@ -204,29 +174,11 @@ fn a_usage_error_is_a_json_line_with_json_logs() {
 }
 
 /// Appends a segment of `records` (tombstones for `gone`) to `base`'s chain, `secs` after its
-/// point; its `to`.
-async fn append(store: &SnapshotStore, base: &SnapshotId, records: &[Record], gone: &[Record], secs: i64) -> String {
-    let at = base.timestamp().unwrap();
-    let chain = store.read_chain(base, at, None).await.unwrap();
+/// point.
+async fn append(store: &SnapshotStore, base: &Manifest, records: &[Record], gone: &[Record], secs: i64) {
     let mut all: Vec<Record> = records.to_vec();
     all.extend(gone.iter().map(restatus::format::tombstone));
-    let (bytes, summary) = PayloadEncoder::encode_all(3, None, &all).unwrap();
-    let from = chain.links.last().map_or(at, |l| l.header.to);
-    let to = from + jiff::SignedDuration::from_secs(secs);
-    let mut header = restatus::format::SegmentHeader::new(
-        store.cluster_id(),
-        base,
-        chain.next_sequence(),
-        chain.last_sha256(),
-        from,
-        to,
-        Default::default(),
-        (records.len() as u64, gone.len() as u64),
-        summary,
-        None,
-    );
-    store.put_segment(&mut header, bytes, None).await.unwrap();
-    to.to_string()
+    append_segment(store, base, &all, secs, true).await;
 }
 
 /// Item 2 of issue 23: `snapshots show` and `diff` read chains. By default the newest complete
@@ -241,9 +193,10 @@ async fn snapshots_show_and_diff_read_the_journal_to_a_point() {
     let storage = file_storage(tmp.path());
     let store = SnapshotStore::open(&storage, "c").unwrap();
     let base = write(&store, "2026-11-30T09:00:00Z", 3, "Available").await;
-    let first_to = append(&store, &base, &[record(1, r#"{"state":"Reserved"}"#)], &[], 5).await;
-    append(&store, &base, &[record(9, r#"{"state":"Initial"}"#)], &[record(0, "{}")], 5).await;
-    let id = base.to_string();
+    append(&store, &base, &[server(1, r#"{"state":"Reserved"}"#)], &[], 5).await;
+    let first_to = "2026-11-30T09:00:05Z"; // the first segment's point: 5 s after the base's
+    append(&store, &base, &[server(9, r#"{"state":"Initial"}"#)], &[server(0, "{}")], 5).await;
+    let id = base.snapshot_id.to_string();
     let run = |args: &[&str]| {
         let mut args = args.to_vec();
         args.extend(["-o", "json"]);
@@ -255,7 +208,7 @@ async fn snapshots_show_and_diff_read_the_journal_to_a_point() {
     assert_eq!((&point["segmentsApplied"], &point["segmentsVerified"]), (&Value::from(2), &Value::from(2)), "{shown}");
     assert_eq!(point["time"], "2026-11-30T09:00:10Z");
     assert!(run(&["snapshots", "show", &id, "--no-journal"]).get("journalPoint").is_none());
-    assert_eq!(run(&["snapshots", "show", &id, "--at", &first_to])["journalPoint"]["segmentsApplied"], 1);
+    assert_eq!(run(&["snapshots", "show", &id, "--at", first_to])["journalPoint"]["segmentsApplied"], 1);
     let names = |rows: Value| -> Vec<String> {
         rows.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap_or_default().to_string()).collect()
     };
@@ -291,7 +244,7 @@ async fn snapshots_show_and_diff_read_the_journal_to_a_point() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(text(&bad.stderr).contains(r#""yesterday" is not a time (RFC 3339)"#), "{}", text(&bad.stderr));
     assert_eq!(restatus(&storage, &["snapshots", "show", &id, "--at", "yesterday"], &[]).status.code(), Some(2));
-    let both = restatus(&storage, &["snapshots", "show", &id, "--at", &first_to, "--no-journal"], &[]);
+    let both = restatus(&storage, &["snapshots", "show", &id, "--at", first_to, "--no-journal"], &[]);
     assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
     let before = restatus(&storage, &["snapshots", "show", "latest@2020-01-01T00:00:00Z"], &[]);
     assert_eq!(before.status.code(), Some(1));

@@ -7,58 +7,35 @@ use jiff::Timestamp;
 use object_store::{ObjectStoreExt, PutPayload};
 use proptest::prelude::*;
 use restatus::Error;
+use restatus::fixtures::{NewSnapshot, encode, server, snapshot, ts};
 use restatus::format::CaptureSummary;
-use restatus::format::IdentityKey;
 use restatus::format::{DecryptionKeys, Recipients, SigningKey, TrustedKeys};
-use restatus::format::{Manifest, PayloadEncoder, Record, SnapshotId};
+use restatus::format::{Manifest, Record, SnapshotId};
 use restatus::store::SnapshotStore;
 use restatus::store::retention::{self, RetentionPolicy};
 use restatus::store::{Accept, choose_newer, choose_snapshot};
-use serde_json::value::RawValue;
 use std::sync::Arc;
 
 fn store(cluster: &str) -> SnapshotStore {
     SnapshotStore::open("memory://", cluster).unwrap()
 }
 
-fn record(i: usize, status: &str) -> Record {
-    Record {
-        api_version: "metal.ironcore.dev/v1alpha1".into(),
-        kind: "Server".into(),
-        namespace: None,
-        name: format!("server-{i}"),
-        keys: vec![IdentityKey { field: "spec.systemUUID".into(), value: format!("uuid-{i}") }],
-        uid: Some(format!("uid-{i}")),
-        resource_version: Some("1".into()),
-        generation: Some(1),
-        creation_timestamp: Some("2026-11-30T09:00:00Z".into()),
-        labels: Default::default(),
-        annotations: Default::default(),
-        status: RawValue::from_string(status.to_string()).unwrap(),
-    }
-}
-
-fn encode(records: &[Record]) -> (Vec<u8>, restatus::format::PayloadSummary) {
-    PayloadEncoder::encode_all(3, None, records).unwrap()
-}
-
 fn empty_capture() -> CaptureSummary {
     CaptureSummary::empty()
 }
 
-/// Writes a snapshot the way a backup does: payload, then manifest.
+/// A snapshot of `records` taken at `at`, written the way a backup writes one.
+fn snapshot_at<'a>(at: &str, records: &'a [Record]) -> NewSnapshot<'a> {
+    snapshot(records).at(ts(at)).profile("test")
+}
+
 async fn write(store: &SnapshotStore, at: &str, records: &[Record]) -> Manifest {
-    write_with(store, at, records, empty_capture()).await
+    snapshot_at(at, records).write(store).await
 }
 
 /// Writes a snapshot whose capture `capture` describes.
 async fn write_with(store: &SnapshotStore, at: &str, records: &[Record], capture: CaptureSummary) -> Manifest {
-    let id = SnapshotId::new(at.parse().unwrap());
-    let (payload, summary) = encode(records);
-    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
-    let manifest = Manifest::new(store.cluster_id(), id, at.parse().unwrap(), "test", capture, summary);
-    store.put_manifest(&manifest).await.unwrap();
-    manifest
+    snapshot_at(at, records).capture(capture).write(store).await
 }
 
 async fn replace(store: &SnapshotStore, path: &object_store::path::Path, bytes: Vec<u8>) {
@@ -89,7 +66,7 @@ fn statuses() -> impl Strategy<Value = String> {
 proptest! {
     #[test]
     fn records_round_trip(statuses in prop::collection::vec(statuses(), 0..40), ns in proptest::option::of("[a-z]{1,10}")) {
-        let records: Vec<Record> = statuses.iter().enumerate().map(|(i, s)| Record { namespace: ns.clone(), ..record(i, s) }).collect();
+        let records: Vec<Record> = statuses.iter().enumerate().map(|(i, s)| Record { namespace: ns.clone(), ..server(i, s) }).collect();
         let (payload, summary) = encode(&records);
         let id = SnapshotId::new(Timestamp::now());
         let manifest = Manifest::new("c", id, Timestamp::now(), "test", empty_capture(), summary);
@@ -106,7 +83,7 @@ proptest! {
 #[tokio::test]
 async fn a_written_snapshot_lists_loads_and_verifies() {
     let store = store("prod-1");
-    let records: Vec<_> = (0..100).map(|i| record(i, r#"{"state":"Reserved"}"#)).collect();
+    let records: Vec<_> = (0..100).map(|i| server(i, r#"{"state":"Reserved"}"#)).collect();
     let manifest = write(&store, "2026-11-30T09:00:00Z", &records).await;
     let listed = store.list().await.unwrap();
     assert_eq!(listed.len(), 1);
@@ -127,7 +104,7 @@ async fn a_written_snapshot_lists_loads_and_verifies() {
 #[tokio::test]
 async fn a_flipped_byte_fails_the_checksum_before_decompressing() {
     let store = store("c");
-    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"a":1}"#)]).await;
+    let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, r#"{"a":1}"#)]).await;
     let path = store.payload_path(&m.snapshot_id);
     let mut bytes = store.payload_bytes(&m.snapshot_id).await.unwrap().to_vec();
     let middle = bytes.len() / 2;
@@ -140,7 +117,7 @@ async fn a_flipped_byte_fails_the_checksum_before_decompressing() {
 #[tokio::test]
 async fn a_truncated_payload_is_reported_as_truncated() {
     let store = store("c");
-    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"a":1}"#), record(2, r#"{"b":2}"#)]).await;
+    let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, r#"{"a":1}"#), server(2, r#"{"b":2}"#)]).await;
     let bytes = store.payload_bytes(&m.snapshot_id).await.unwrap();
     replace(&store, &store.payload_path(&m.snapshot_id), bytes[..bytes.len() - 7].to_vec()).await;
     let err = load_err(&store, &m.snapshot_id).await;
@@ -151,7 +128,7 @@ async fn a_truncated_payload_is_reported_as_truncated() {
 async fn a_payload_without_manifest_does_not_exist_for_readers() {
     let store = store("c");
     let id = SnapshotId::new("2026-11-30T09:00:00Z".parse().unwrap());
-    let (payload, _) = encode(&[record(1, "{}")]);
+    let (payload, _) = encode(&[server(1, "{}")]);
     store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
     let listed = store.list().await.unwrap();
     assert_eq!(listed.len(), 1);
@@ -166,7 +143,7 @@ async fn a_payload_without_manifest_does_not_exist_for_readers() {
 #[tokio::test]
 async fn a_manifest_of_a_future_major_version_is_refused_by_name() {
     let store = store("c");
-    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
     let mut json: serde_json::Value = serde_json::from_slice(&m.to_json()).unwrap();
     json["formatVersion"] = "2.0".into();
     json["somethingNew"] = serde_json::json!({"a": 1});
@@ -186,7 +163,7 @@ async fn a_payload_that_inflates_past_its_declared_size_is_stopped() {
     // A zstd bomb with a consistent checksum: 64 MiB of zeros compresses to a few KiB, while
     // the manifest declares 1 KiB. The reader must stop at the declared size.
     let store = store("c");
-    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
     let bomb = zstd::encode_all(std::io::repeat(b'x').take_bytes(64 << 20), 3).unwrap();
     replace(&store, &store.payload_path(&m.snapshot_id), bomb.clone()).await;
     let mut manifest = m.clone();
@@ -201,7 +178,7 @@ async fn a_payload_that_inflates_past_its_declared_size_is_stopped() {
 #[tokio::test]
 async fn garbage_that_passes_the_checksum_is_still_rejected() {
     let store = store("c");
-    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
     let garbage = b"definitely not zstd".to_vec();
     replace(&store, &store.payload_path(&m.snapshot_id), garbage.clone()).await;
     let mut manifest = m.clone();
@@ -215,7 +192,7 @@ async fn garbage_that_passes_the_checksum_is_still_rejected() {
 #[tokio::test]
 async fn a_snapshot_of_another_cluster_is_foreign() {
     let store_a = store("cluster-a");
-    let m = write(&store_a, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let m = write(&store_a, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
     // Copy the whole snapshot under cluster-b's folder of the same bucket.
     let store_b = SnapshotStore::new(store_a.object_store().clone(), "", "cluster-b", "memory://".into()).unwrap();
     let payload = store_a.payload_bytes(&m.snapshot_id).await.unwrap();
@@ -228,7 +205,7 @@ async fn a_snapshot_of_another_cluster_is_foreign() {
 #[tokio::test]
 async fn a_manifest_is_never_overwritten() {
     let store = store("c");
-    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
     let err = store.put_manifest(&m).await.unwrap_err().to_string();
     assert!(err.contains(m.snapshot_id.as_str()), "{err}");
 }
@@ -237,9 +214,9 @@ async fn a_manifest_is_never_overwritten() {
 async fn clusters_sharing_a_bucket_do_not_see_each_other() {
     let a = store("a");
     let b = SnapshotStore::new(a.object_store().clone(), "", "b", "memory://".into()).unwrap();
-    write(&a, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
-    write(&b, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
-    write(&b, "2026-11-30T10:00:00Z", &[record(1, "{}")]).await;
+    write(&a, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
+    write(&b, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
+    write(&b, "2026-11-30T10:00:00Z", &[server(1, "{}")]).await;
     assert_eq!(a.list().await.unwrap().len(), 1);
     assert_eq!(b.list().await.unwrap().len(), 2);
 }
@@ -249,7 +226,7 @@ async fn retention_deletes_old_snapshots_and_keeps_the_newest() {
     let store = store("c");
     let mut ids = Vec::new();
     for hour in 1..=5 {
-        ids.push(write(&store, &format!("2026-11-30T0{hour}:00:00Z"), &[record(1, "{}")]).await.snapshot_id);
+        ids.push(write(&store, &format!("2026-11-30T0{hour}:00:00Z"), &[server(1, "{}")]).await.snapshot_id);
     }
     let plan = retention::apply(&store, RetentionPolicy { keep_last: Some(2), max_age: None }, None).await.unwrap();
     assert_eq!(plan.deletions.iter().map(|d| d.id.clone()).collect::<Vec<_>>(), ids[..3].to_vec());
@@ -267,7 +244,7 @@ async fn retention_keeps_the_last_consistent_snapshot_behind_fifty_inconsistent_
     let store = store("c");
     let mut consistent = Vec::new();
     for minute in 0..3 {
-        consistent.push(write(&store, &format!("2026-11-30T08:{minute:02}:00Z"), &[record(1, "{}")]).await.snapshot_id);
+        consistent.push(write(&store, &format!("2026-11-30T08:{minute:02}:00Z"), &[server(1, "{}")]).await.snapshot_id);
     }
     let mut stuck = empty_capture();
     stuck.consistency.consistent = false;
@@ -277,7 +254,7 @@ async fn retention_keeps_the_last_consistent_snapshot_behind_fifty_inconsistent_
         reason: "in transitional state \"Discovery\"".into(),
     });
     for minute in 0..50 {
-        write_with(&store, &format!("2026-11-30T09:{minute:02}:00Z"), &[record(1, "{}")], stuck.clone()).await;
+        write_with(&store, &format!("2026-11-30T09:{minute:02}:00Z"), &[server(1, "{}")], stuck.clone()).await;
     }
     let plan = retention::apply(&store, RetentionPolicy { keep_last: Some(48), max_age: None }, None).await.unwrap();
     assert_eq!(plan.deletions.len(), 4, "53 snapshots, 48 kept, one more kept for restores");
@@ -293,7 +270,7 @@ async fn retention_keeps_the_last_consistent_snapshot_behind_fifty_inconsistent_
 #[tokio::test]
 async fn a_payload_above_the_read_limit_fails_before_it_is_downloaded() {
     let store = store("c");
-    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"a":1}"#)]).await;
+    let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, r#"{"a":1}"#)]).await;
     let limited = store.clone().with_max_payload(m.payload.size - 1);
     let err = limited.load(&m.snapshot_id, |_| Ok(())).await.unwrap_err();
     assert!(matches!(err, Error::TooLarge { .. }), "{err}");
@@ -310,7 +287,7 @@ async fn a_payload_above_the_read_limit_fails_before_it_is_downloaded() {
 #[tokio::test]
 async fn an_oversized_manifest_is_refused_before_it_is_read() {
     let store = store("c");
-    let m = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await;
+    let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
     let huge = vec![b' '; (restatus::store::MAX_MANIFEST + 1) as usize];
     replace(&store, &store.manifest_path(&m.snapshot_id), huge).await;
     let err = load_err(&store, &m.snapshot_id).await;
@@ -330,7 +307,7 @@ fn noisy_records(n: usize) -> Vec<Record> {
     (0..n)
         .map(|i| {
             let noise: Vec<String> = (0..4).map(|j| hex::encode(Sha256::digest(format!("{i}/{j}")))).collect();
-            record(i, &serde_json::json!({ "noise": noise }).to_string())
+            server(i, &serde_json::json!({ "noise": noise }).to_string())
         })
         .collect()
 }
@@ -370,15 +347,9 @@ async fn a_large_payload_is_read_from_a_temporary_file_and_verified_there() {
 #[tokio::test]
 async fn a_snapshot_captured_from_the_cluster_restored_to_is_passed_over() {
     let store = store("c");
-    let theirs = write(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"state":"Reserved"}"#)]).await;
+    let theirs = write(&store, "2026-11-30T09:00:00Z", &[server(1, r#"{"state":"Reserved"}"#)]).await;
     // The target backs up under the source's id: an empty, consistent snapshot of itself.
-    let id = SnapshotId::new("2026-11-30T10:00:00Z".parse().unwrap());
-    let (payload, summary) = encode(&[]);
-    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
-    let mut own =
-        Manifest::new("c", id.clone(), "2026-11-30T10:00:00Z".parse().unwrap(), "test", empty_capture(), summary);
-    own.captured_from = Some("target-uid".into());
-    store.put_manifest(&own).await.unwrap();
+    let id = snapshot_at("2026-11-30T10:00:00Z", &[]).captured_from("target-uid").write(&store).await.snapshot_id;
 
     let on_target = restatus::store::Accept { this_cluster: Some("target-uid".into()), ..Default::default() };
     let loaded = restatus::store::choose_snapshot(&store, None, &on_target).await.unwrap();
@@ -401,12 +372,7 @@ async fn a_snapshot_captured_from_the_cluster_restored_to_is_passed_over() {
 
 /// Writes a snapshot signed with `key`: payload, signature, then manifest.
 async fn write_signed(store: &SnapshotStore, at: &str, records: &[Record], key: &SigningKey) -> Manifest {
-    let id = SnapshotId::new(at.parse().unwrap());
-    let (payload, summary) = encode(records);
-    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
-    let mut manifest = Manifest::new(store.cluster_id(), id, at.parse().unwrap(), "test", empty_capture(), summary);
-    store.put_signed_manifest(&mut manifest, key).await.unwrap();
-    manifest
+    snapshot_at(at, records).signed_with(key).write(store).await
 }
 
 fn trusting(keys: &[&SigningKey]) -> Accept {
@@ -422,8 +388,8 @@ fn trusting(keys: &[&SigningKey]) -> Accept {
 async fn a_forged_newest_snapshot_is_passed_over_for_the_previous_signed_one() {
     let store = store("c");
     let key = SigningKey::generate();
-    let good = write_signed(&store, "2026-11-30T09:00:00Z", &[record(1, r#"{"state":"Reserved"}"#)], &key).await;
-    let forged = write(&store, "2026-11-30T10:00:00Z", &[record(1, r#"{"state":"Available"}"#)]).await;
+    let good = write_signed(&store, "2026-11-30T09:00:00Z", &[server(1, r#"{"state":"Reserved"}"#)], &key).await;
+    let forged = write(&store, "2026-11-30T10:00:00Z", &[server(1, r#"{"state":"Available"}"#)]).await;
     let accept = trusting(&[&key]);
 
     let loaded = choose_snapshot(&store, None, &accept).await.unwrap();
@@ -463,7 +429,7 @@ async fn a_forged_newest_snapshot_is_passed_over_for_the_previous_signed_one() {
 
     // Signed by the forger's own key: not a trusted one.
     let forger = SigningKey::generate();
-    let own = write_signed(&store, "2026-11-30T11:00:00Z", &[record(1, r#"{"state":"Available"}"#)], &forger).await;
+    let own = write_signed(&store, "2026-11-30T11:00:00Z", &[server(1, r#"{"state":"Available"}"#)], &forger).await;
     let loaded = choose_snapshot(&store, None, &accept).await.unwrap();
     assert_eq!(loaded.manifest.snapshot_id, good.snapshot_id);
     let reason = &loaded.passed_over[0].reason;
@@ -484,11 +450,11 @@ async fn a_forged_newest_snapshot_is_passed_over_for_the_previous_signed_one() {
 async fn a_rotated_key_keeps_the_old_snapshots_restorable_while_both_are_trusted() {
     let store = store("c");
     let (old, new) = (SigningKey::generate(), SigningKey::generate());
-    let before = write_signed(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")], &old).await;
+    let before = write_signed(&store, "2026-11-30T09:00:00Z", &[server(1, "{}")], &old).await;
     let both = trusting(&[&old, &new]);
     let loaded = choose_snapshot(&store, None, &both).await.unwrap();
     assert_eq!((loaded.manifest.snapshot_id, loaded.signer.as_ref()), (before.snapshot_id.clone(), Some(old.id())));
-    let after = write_signed(&store, "2026-11-30T10:00:00Z", &[record(1, "{}")], &new).await;
+    let after = write_signed(&store, "2026-11-30T10:00:00Z", &[server(1, "{}")], &new).await;
     let loaded = choose_snapshot(&store, None, &both).await.unwrap();
     assert_eq!((loaded.manifest.snapshot_id, loaded.signer.as_ref()), (after.snapshot_id.clone(), Some(new.id())));
     assert!(loaded.passed_over.is_empty());
@@ -508,7 +474,7 @@ async fn a_rotated_key_keeps_the_old_snapshots_restorable_while_both_are_trusted
 async fn a_signed_snapshot_verifies_end_to_end_and_is_deleted_whole() {
     let store = store("c");
     let key = SigningKey::generate();
-    let signed = write_signed(&store, "2026-11-30T09:00:00Z", &[record(1, "{}"), record(2, "{}")], &key).await;
+    let signed = write_signed(&store, "2026-11-30T09:00:00Z", &[server(1, "{}"), server(2, "{}")], &key).await;
     assert_eq!(signed.signed_by.as_ref(), Some(key.id()));
     let trusted = TrustedKeys::new([key.public_key()]);
     let (manifest, signer) = store.load_verified(&signed.snapshot_id, Some(&trusted), |_| Ok(())).await.unwrap();
@@ -535,9 +501,9 @@ async fn forged_snapshots_never_make_retention_delete_the_last_signed_one() {
     let policy = RetentionPolicy { keep_last: Some(2), max_age: None };
     for (keys, kept) in [(Some(&trusted), true), (None, false)] {
         let store = store("c");
-        let signed = write_signed(&store, "2026-11-30T08:00:00Z", &[record(1, r#"{"state":"Reserved"}"#)], &key).await;
+        let signed = write_signed(&store, "2026-11-30T08:00:00Z", &[server(1, r#"{"state":"Reserved"}"#)], &key).await;
         for minute in 0..3 {
-            write(&store, &format!("2026-11-30T09:0{minute}:00Z"), &[record(1, r#"{"state":"Available"}"#)]).await;
+            write(&store, &format!("2026-11-30T09:0{minute}:00Z"), &[server(1, r#"{"state":"Available"}"#)]).await;
         }
         let plan = retention::apply(&store, policy, keys).await.unwrap();
         let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
@@ -559,10 +525,10 @@ async fn deleting_by_hand_removes_one_snapshot_whole_and_keeps_what_a_restore_us
     let store = store("c");
     let key = SigningKey::generate();
     let trusted = TrustedKeys::new([key.public_key()]);
-    let old = write_signed(&store, "2026-11-30T07:00:00Z", &[record(1, "{}")], &key).await.snapshot_id;
-    let signed = write_signed(&store, "2026-11-30T08:00:00Z", &[record(1, "{}")], &key).await.snapshot_id;
-    let unsigned = write(&store, "2026-11-30T09:00:00Z", &[record(1, "{}")]).await.snapshot_id;
-    let newest = write(&store, "2026-11-30T10:00:00Z", &[record(1, "{}")]).await.snapshot_id;
+    let old = write_signed(&store, "2026-11-30T07:00:00Z", &[server(1, "{}")], &key).await.snapshot_id;
+    let signed = write_signed(&store, "2026-11-30T08:00:00Z", &[server(1, "{}")], &key).await.snapshot_id;
+    let unsigned = write(&store, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await.snapshot_id;
+    let newest = write(&store, "2026-11-30T10:00:00Z", &[server(1, "{}")]).await.snapshot_id;
     let uploading = SnapshotId::new("2026-11-30T11:00:00Z".parse().unwrap());
     replace(&store, &store.payload_path(&uploading), b"half a payload".to_vec()).await;
     let ids = || async { store.list().await.unwrap().into_iter().map(|e| e.id).collect::<Vec<_>>() };
@@ -613,19 +579,7 @@ fn age_pair() -> (Arc<DecryptionKeys>, Recipients) {
 
 /// Writes a snapshot whose payload is encrypted to `to`, as a backup does.
 async fn write_encrypted(store: &SnapshotStore, at: &str, records: &[Record], to: &Recipients) -> Manifest {
-    let id = SnapshotId::new(at.parse().unwrap());
-    let mut encoder = PayloadEncoder::with_recipients(3, Some(to)).unwrap();
-    let mut payload = Vec::new();
-    for r in records {
-        encoder.push(r).unwrap();
-        payload.extend(encoder.take_output());
-    }
-    let (tail, summary) = encoder.finish().unwrap();
-    payload.extend(tail);
-    store.object_store().put(&store.payload_path(&id), payload.into()).await.unwrap();
-    let manifest = Manifest::new(store.cluster_id(), id, at.parse().unwrap(), "test", empty_capture(), summary);
-    store.put_manifest(&manifest).await.unwrap();
-    manifest
+    snapshot_at(at, records).encrypted_to(to).write(store).await
 }
 
 /// F80, F81: an encrypted snapshot is read with its key; without a key, or with another, it is
@@ -638,9 +592,9 @@ async fn an_encrypted_snapshot_is_read_with_its_key_and_passed_over_without_it()
     let (other, _) = age_pair();
     // One store, read with no key, the key, and another key.
     let base = store("c");
-    let older = write(&base, "2026-11-30T08:00:00Z", &[record(1, r#"{"state":"Old"}"#)]).await;
+    let older = write(&base, "2026-11-30T08:00:00Z", &[server(1, r#"{"state":"Old"}"#)]).await;
     let status = r#"{"state":"Reserved","serialNumber":"SRV0DDC0FFE"}"#;
-    let sealed = write_encrypted(&base, "2026-11-30T09:00:00Z", &[record(1, status), record(2, "{}")], &to).await;
+    let sealed = write_encrypted(&base, "2026-11-30T09:00:00Z", &[server(1, status), server(2, "{}")], &to).await;
     let id = sealed.snapshot_id.to_string();
     let (with_key, with_other) =
         (base.clone().with_decryption_keys(Some(key)), base.clone().with_decryption_keys(Some(other)));
