@@ -14,99 +14,28 @@
 //! `BENCH_ADAPTIVE_KUBECTL` objects, default 1000, scaled): the API server's speed drifts, and
 //! the restore sits in the middle of the bare loops; the best concurrency's time is its mean.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, stream};
-use jiff::Timestamp;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use restatus::backup::{self, BackupOptions};
-use restatus::domain::annotations::{
-    OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION,
-};
 use restatus::domain::identity::Profile;
 use restatus::fleet::FLEET_LABEL;
 use restatus::format::Record;
-use restatus::store::SnapshotStore;
 use serde_json::json;
+
+// Only a part of it: the environment, the bench bed's clients and the bare restore.
+#[allow(dead_code)]
+mod support;
+
+use support::bare::{BareLoop, assert_not_restored, backed_up, servers_and_claims};
+use support::{client, env, run_store};
 
 /// The fleet on the source; the target's sets are it renamed (`adapt4-server-00000`, …).
 const FLEET: &str = "adapt";
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} unset: run BENCH_ONLY=adaptive scripts/bench"))
-}
-
-fn servers_and_claims() -> Profile {
-    let all = Profile::metal_operator();
-    Profile {
-        name: "servers-and-claims".into(),
-        kinds: all.kinds.into_iter().filter(|k| k.kind == "Server" || k.kind == "ServerClaim").collect(),
-    }
-}
-
 fn renamed(record: &Record, set: &str) -> String {
     record.name.replacen(&format!("{FLEET}-"), &format!("{set}-"), 1)
-}
-
-/// The writes restatus makes per object, the way it makes them, `concurrency` objects at a
-/// time: a LIST of the set, then per object quiesce, status, release. Returns the writes made.
-async fn bare_loop(
-    client: &kube::Client,
-    profile: &Profile,
-    records: &[Record],
-    set: &str,
-    concurrency: usize,
-) -> usize {
-    let mut writes = 0;
-    for kind in &profile.kinds {
-        let listed: HashMap<String, String> = restatus::k8s::api_for(client, kind, None)
-            .list_metadata(&ListParams::default().labels(&format!("{FLEET_LABEL}={set}")))
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .map(|o| (o.metadata.name.unwrap_or_default(), o.metadata.resource_version.unwrap_or_default()))
-            .collect();
-        let listed = &listed;
-        let of_kind: Vec<&Record> = records.iter().filter(|r| r.kind == kind.kind).collect();
-        let done: Vec<usize> = stream::iter(of_kind)
-            .map(|record| async move {
-                let name = renamed(record, set);
-                let api = restatus::k8s::api_for(client, kind, record.namespace.as_deref());
-                let params = PatchParams { field_manager: Some("bare".into()), ..Default::default() };
-                let post = PostParams { field_manager: Some("bare".into()), ..Default::default() };
-                let version = listed.get(&name).unwrap_or_else(|| panic!("{name} not on the target")).clone();
-                let quiesce = json!({"metadata": {"resourceVersion": version, "annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: "bare"}}});
-                let answer = api.patch(&name, &params, &Patch::Merge(&quiesce)).await.unwrap();
-                let version = answer.metadata.resource_version.unwrap_or_default();
-                let mut object: DynamicObject = serde_json::from_value(json!({
-                    "apiVersion": kind.api_version(), "kind": kind.kind,
-                    "metadata": {"name": name, "namespace": record.namespace, "resourceVersion": version},
-                }))
-                .unwrap();
-                object.data = json!({"status": serde_json::from_str::<serde_json::Value>(record.status.get()).unwrap()});
-                let mut object = api.replace_status(&name, &post, &object).await.unwrap();
-                object.metadata.managed_fields = None;
-                let annotations = object.metadata.annotations.get_or_insert_default();
-                annotations.remove(OPERATION_ANNOTATION);
-                annotations.remove(QUIESCED_BY_ANNOTATION);
-                annotations.insert(RESTORED_FROM_ANNOTATION.into(), "bare".into());
-                if let Some(data) = object.data.as_object_mut() {
-                    data.remove("status");
-                }
-                api.replace(&name, &post, &object).await.unwrap();
-                3
-            })
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
-        writes += done.iter().sum::<usize>();
-    }
-    writes
 }
 
 /// `xargs -P16 kubectl patch --subresource=status` of every object of the set `set`: one
@@ -167,30 +96,13 @@ fn restatus_restore(
 
 #[tokio::main]
 async fn main() {
-    let source_kc = env("KUBECONFIG_SOURCE");
+    let (source, target) = (client("KUBECONFIG_SOURCE").await, client("KUBECONFIG_TARGET").await);
     let target_kc = env("KUBECONFIG_TARGET");
-    let source = restatus::k8s::client(Some(Path::new(&source_kc)), None).await.unwrap();
-    let target = restatus::k8s::client(Some(Path::new(&target_kc)), None).await.unwrap();
     let profile = servers_and_claims();
-    let storage = format!("s3://{}/bench-adaptive", env("RESTATUS_BUCKET"));
-    let cluster = format!("bench-adapt-{}", Timestamp::now().as_second());
-    let store = SnapshotStore::open(&storage, &cluster).unwrap();
-    let options =
-        BackupOptions { selector: Some(format!("{FLEET_LABEL}={FLEET}")), ..BackupOptions::new(profile.clone()) };
-    let manifest = backup::run(&source, &store, &options).await.unwrap();
-    let snapshot = manifest.snapshot_id.to_string();
-    let loaded =
-        restatus::store::choose_snapshot(&store, Some(&manifest.snapshot_id), &Default::default()).await.unwrap();
-    let records: Vec<Record> = (0..loaded.records.len()).map(|i| loaded.records.record(i).unwrap()).collect();
+    let (storage, cluster, store) = run_store("bench-adaptive", "bench-adapt");
+    let (snapshot, records) = backed_up(&source, &store, &profile, &format!("{FLEET_LABEL}={FLEET}")).await;
     let objects = records.len();
-    let unset = restatus::k8s::api_for(&target, profile.kind("Server").unwrap(), None)
-        .list(&ListParams::default().labels(&format!("{FLEET_LABEL}={FLEET}")).limit(1))
-        .await
-        .unwrap();
-    assert!(
-        unset.items.iter().all(|o| o.data.get("status").is_none()),
-        "target fleet already restored: run scripts/bench without BENCH_KEEP"
-    );
+    assert_not_restored(&target, &profile, FLEET).await;
 
     // Bare loops at 64 before and after the restore: the API server's speed drifts (the
     // cluster fills with statuses, and the machine is shared), and the best fixed concurrency
@@ -198,9 +110,12 @@ async fn main() {
     let mut bare: Vec<(usize, Duration, usize)> = Vec::new();
     let mut run_bare = async |concurrency: usize, set: &str| {
         let started = Instant::now();
-        let writes = bare_loop(&target, &profile, &records, &format!("{FLEET}{set}"), concurrency).await;
+        let set = format!("{FLEET}{set}");
+        let bare_loop =
+            BareLoop { profile: &profile, records: &records, fleet: FLEET, set: &set, concurrency, quiesce: true };
+        let writes = bare_loop.run(&target).await;
         let time = started.elapsed();
-        eprintln!("bare loop at {concurrency} on {FLEET}{set}: {:.1} s", time.as_secs_f64());
+        eprintln!("bare loop at {concurrency} on {set}: {:.1} s", time.as_secs_f64());
         bare.push((concurrency, time, writes));
     };
     run_bare(64, "64").await;

@@ -11,87 +11,29 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt, stream};
-use jiff::Timestamp;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use futures::{StreamExt, TryStreamExt};
+use kube::api::PostParams;
 use kube::runtime::watcher;
-use restatus::backup::{self, BackupOptions};
-use restatus::domain::annotations::{
-    OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION,
-};
 use restatus::domain::identity::Profile;
 use restatus::fleet::{FLEET_LABEL, FleetSpec};
 use restatus::format::Record;
-use restatus::store::SnapshotStore;
 use serde_json::json;
+
+// Only a part of it: the environment, a timed run and the bare restore.
+#[allow(dead_code)]
+mod support;
+
+use support::bare::{BareLoop, assert_not_restored, backed_up, servers_and_claims};
+use support::{client, env, run_store, timed_output};
 
 const CONCURRENCY: usize = 16;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} unset: run scripts/bench"))
-}
-
-fn servers_and_claims() -> Profile {
-    let all = Profile::metal_operator();
-    Profile {
-        name: "servers-and-claims".into(),
-        kinds: all.kinds.into_iter().filter(|k| k.kind == "Server" || k.kind == "ServerClaim").collect(),
-    }
-}
-
-/// The writes restatus makes per object, made the way restatus makes them, with no planning
-/// and no Events: a LIST of the set, then per object the quiesce patch (unless the objects
-/// arrive quiesced), the replace of the status subresource, and the release as a replace of
-/// the object as that write answered it. One pass over `records`, renamed onto the set `set`.
+/// The bare restore of `records` (the fleet `bench`) onto the set `set`, `CONCURRENCY` objects at
+/// a time, quiesced first unless they arrive quiesced.
 async fn bare_loop(client: &kube::Client, profile: &Profile, records: &[Record], set: &str, quiesce: bool) -> Run {
     let started = Instant::now();
-    let mut writes = 0;
-    for kind in &profile.kinds {
-        let listed: HashMap<String, String> = restatus::k8s::api_for(client, kind, None)
-            .list_metadata(&ListParams::default().labels(&format!("{FLEET_LABEL}={set}")))
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .map(|o| (o.metadata.name.unwrap_or_default(), o.metadata.resource_version.unwrap_or_default()))
-            .collect();
-        let listed = &listed;
-        let of_kind: Vec<&Record> = records.iter().filter(|r| r.kind == kind.kind).collect();
-        let done: Vec<usize> = stream::iter(of_kind)
-            .map(|record| async move {
-                let name = record.name.replacen("bench-", &format!("{set}-"), 1);
-                let api = restatus::k8s::api_for(client, kind, record.namespace.as_deref());
-                let params = PatchParams { field_manager: Some("bare".into()), ..Default::default() };
-                let post = PostParams { field_manager: Some("bare".into()), ..Default::default() };
-                let mut version = listed[&name].clone();
-                if quiesce {
-                    let quiesce = json!({"metadata": {"resourceVersion": version, "annotations": {OPERATION_ANNOTATION: OPERATION_IGNORE, QUIESCED_BY_ANNOTATION: "bare"}}});
-                    let answer = api.patch(&name, &params, &Patch::Merge(&quiesce)).await.unwrap();
-                    version = answer.metadata.resource_version.unwrap_or_default();
-                }
-                let mut object: DynamicObject = serde_json::from_value(json!({
-                    "apiVersion": kind.api_version(), "kind": kind.kind,
-                    "metadata": {"name": name, "namespace": record.namespace, "resourceVersion": version},
-                }))
-                .unwrap();
-                object.data = json!({"status": serde_json::from_str::<serde_json::Value>(record.status.get()).unwrap()});
-                let mut object = api.replace_status(&name, &post, &object).await.unwrap();
-                object.metadata.managed_fields = None;
-                let annotations = object.metadata.annotations.get_or_insert_default();
-                annotations.remove(OPERATION_ANNOTATION);
-                annotations.remove(QUIESCED_BY_ANNOTATION);
-                annotations.insert(RESTORED_FROM_ANNOTATION.into(), "bare".into());
-                if let Some(data) = object.data.as_object_mut() {
-                    data.remove("status");
-                }
-                api.replace(&name, &post, &object).await.unwrap();
-                if quiesce { 3 } else { 2 }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        writes += done.iter().sum::<usize>();
-    }
+    let bare_loop = BareLoop { profile, records, fleet: "bench", set, concurrency: CONCURRENCY, quiesce };
+    let writes = bare_loop.run(client).await;
     Run { time: started.elapsed(), writes, events: 0, peak_rss_kib: 0 }
 }
 
@@ -105,29 +47,16 @@ struct Run {
 
 /// `restatus restore` as users run it (its own process), on the fleet `fleet` of the target.
 fn restatus_restore(kubeconfig: &str, storage: &str, cluster: &str, snapshot: &str, fleet: &str) -> Run {
-    let started = Instant::now();
-    let out = Command::new("/usr/bin/time")
-        .args(["-f", "%M", env!("CARGO_BIN_EXE_restatus"), "restore", "--kubeconfig", kubeconfig])
-        .args(["--selector", &format!("{FLEET_LABEL}={fleet}"), "--snapshot", snapshot])
-        .args(["--concurrency", &CONCURRENCY.to_string(), "--profile", "metal-operator", "-o", "json"])
-        .env("RESTATUS_STORAGE", storage)
-        .env("RESTATUS_CLUSTER_ID", cluster)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run /usr/bin/time restatus restore");
-    let time = started.elapsed();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "restatus restore failed: {stderr}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("restore -o json");
+    let (selector, concurrency) = (format!("{FLEET_LABEL}={fleet}"), CONCURRENCY.to_string());
+    let args = ["restore", "--kubeconfig", kubeconfig, "--selector", &selector, "--snapshot", snapshot];
+    let args: Vec<&str> =
+        args.into_iter().chain(["--concurrency", &concurrency, "--profile", "metal-operator", "-o", "json"]).collect();
+    let (time, peak_rss_kib, stdout) = timed_output(&args, storage, cluster);
+    let report: serde_json::Value = serde_json::from_slice(&stdout).expect("restore -o json");
     assert_eq!(report["pairing"].as_array().map(Vec::len), Some(0), "pairing violations: {}", report["pairing"]);
     assert!(report["outcomes"].as_array().unwrap().iter().all(|o| o["error"].is_null()), "restore errors");
     let restored = report["counts"]["restore"].as_u64().unwrap() as usize;
-    Run {
-        time,
-        writes: report["writes"].as_u64().unwrap() as usize,
-        events: restored,
-        peak_rss_kib: stderr.lines().last().and_then(|l| l.trim().parse().ok()).expect("peak RSS"),
-    }
+    Run { time, writes: report["writes"].as_u64().unwrap() as usize, events: restored, peak_rss_kib }
 }
 
 /// `kubectl patch --subresource=status` per object, one after the other, on the fleet
@@ -261,38 +190,17 @@ impl Bench {
 
 #[tokio::main]
 async fn main() {
-    let source_kc = env("KUBECONFIG_SOURCE");
+    let (source, target) = (client("KUBECONFIG_SOURCE").await, client("KUBECONFIG_TARGET").await);
     let target_kc = env("KUBECONFIG_TARGET");
-    let source = restatus::k8s::client(Some(Path::new(&source_kc)), None).await.unwrap();
-    let target = restatus::k8s::client(Some(Path::new(&target_kc)), None).await.unwrap();
     let profile = servers_and_claims();
-    let storage = format!("s3://{}/bench-restore", env("RESTATUS_BUCKET"));
-    let cluster = format!("bench-src-{}", Timestamp::now().as_second());
-    let store = SnapshotStore::open(&storage, &cluster).unwrap();
+    let (storage, cluster, store) = run_store("bench-restore", "bench-src");
 
     // The snapshot: Servers and ServerClaims of the bench fleet, of the fleet that arrives
     // quiesced ("hand") and of the controller's fleet.
-    let options = BackupOptions {
-        selector: Some(format!("{FLEET_LABEL} in (bench,hand,ctl)")),
-        ..BackupOptions::new(profile.clone())
-    };
-    let manifest = backup::run(&source, &store, &options).await.unwrap();
-    let snapshot = manifest.snapshot_id.to_string();
-    let loaded =
-        restatus::store::choose_snapshot(&store, Some(&manifest.snapshot_id), &Default::default()).await.unwrap();
-    let bench_records: Vec<Record> = (0..loaded.records.len())
-        .map(|i| loaded.records.record(i).unwrap())
-        .filter(|r| r.name.starts_with("bench-"))
-        .collect();
+    let (snapshot, records) = backed_up(&source, &store, &profile, &format!("{FLEET_LABEL} in (bench,hand,ctl)")).await;
+    let bench_records: Vec<Record> = records.into_iter().filter(|r| r.name.starts_with("bench-")).collect();
     let objects = bench_records.len();
-    let unset = restatus::k8s::api_for(&target, profile.kind("Server").unwrap(), None)
-        .list(&ListParams::default().labels(&format!("{FLEET_LABEL}=bench")).limit(1))
-        .await
-        .unwrap();
-    assert!(
-        unset.items.iter().all(|o| o.data.get("status").is_none()),
-        "target fleet already restored: run scripts/bench without BENCH_KEEP"
-    );
+    assert_not_restored(&target, &profile, "bench").await;
 
     // The controller first, on a target that holds the moved fleets without status.
     let (median, p90) = controller_latency(&target, &target_kc, &storage, &cluster, 200).await;

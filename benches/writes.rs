@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use restatus::domain::annotations::{
     OPERATION_ANNOTATION, OPERATION_IGNORE, QUIESCED_BY_ANNOTATION, RESTORED_FROM_ANNOTATION,
 };
-use restatus::domain::identity::Profile;
+use restatus::domain::identity::{KindProfile, Profile};
 use restatus::fleet::{self, FleetSpec};
 use serde_json::{Value, json};
 
@@ -25,9 +25,12 @@ const CONCURRENCY: usize = 16;
 const OBJECTS: usize = 2000;
 const CHUNK: usize = 100;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} unset: run scripts/bench"))
-}
+// Only a part of it: the environment and the bare restore's writes.
+#[allow(dead_code)]
+mod support;
+
+use support::bare::{released, status_object};
+use support::env;
 
 /// CPU seconds (user + system) a process of the test bed has used so far.
 fn cpu_seconds(process: &str) -> f64 {
@@ -69,6 +72,7 @@ async fn set(client: &kube::Client, name: &str) -> Set {
 }
 
 async fn write(
+    server: &KindProfile,
     servers: &Api<DynamicObject>,
     events: &Api<Event>,
     set: &Set,
@@ -92,28 +96,15 @@ async fn write(
                         servers.patch_status(&name, &params, &Patch::Merge(body)).await.map(Some)
                     }
                     Write::StatusReplace => {
-                        let gvk = GroupVersionKind::gvk("metal.ironcore.dev", "v1alpha1", "Server");
-                        let mut object = DynamicObject::new(&name, &ApiResource::from_gvk_with_plural(&gvk, "servers"));
-                        object.metadata.resource_version = last().metadata.resource_version;
-                        object.data = json!({"status": set.statuses[i]});
+                        let version = last().metadata.resource_version;
+                        let object = status_object(server, &name, None, version, set.statuses[i].clone());
                         servers.replace_status(&name, &post, &object).await.map(Some)
                     }
                     Write::ReleasePatch => {
                         let body = json!({"metadata": {"annotations": {OPERATION_ANNOTATION: null, QUIESCED_BY_ANNOTATION: null, RESTORED_FROM_ANNOTATION: "bench"}}});
                         servers.patch(&name, &params, &Patch::Merge(body)).await.map(Some)
                     }
-                    Write::ReleaseReplace => {
-                        let mut object = last();
-                        object.metadata.managed_fields = None;
-                        let annotations = object.metadata.annotations.get_or_insert_default();
-                        annotations.remove(OPERATION_ANNOTATION);
-                        annotations.remove(QUIESCED_BY_ANNOTATION);
-                        annotations.insert(RESTORED_FROM_ANNOTATION.into(), "bench".into());
-                        if let Some(data) = object.data.as_object_mut() {
-                            data.remove("status");
-                        }
-                        servers.replace(&name, &post, &object).await.map(Some)
-                    }
+                    Write::ReleaseReplace => servers.replace(&name, &post, &released(last(), "bench")).await.map(Some),
                     Write::Event => {
                         let event: Event = serde_json::from_value(json!({
                             "metadata": {"generateName": "bench-"},
@@ -148,12 +139,14 @@ struct Way {
 /// Per way: (wall, apiserver CPU, etcd CPU) in ms per object. Each way writes a set of its
 /// own; the ways take turns, one chunk of objects each.
 async fn measure(client: &kube::Client, name: &str, ways: &[Way]) -> Vec<(f64, f64, f64)> {
-    let servers = restatus::k8s::api_for(client, Profile::metal_operator().kind("Server").unwrap(), None);
+    let profile = Profile::metal_operator();
+    let server = profile.kind("Server").unwrap();
+    let servers = restatus::k8s::api_for(client, server, None);
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let mut sets = Vec::new();
     for (i, way) in ways.iter().enumerate() {
         let set = set(client, &format!("{name}-{i}")).await;
-        write(&servers, &events, &set, 0..OBJECTS, way.before).await;
+        write(server, &servers, &events, &set, 0..OBJECTS, way.before).await;
         sets.push(set);
     }
     let mut totals = vec![(Duration::ZERO, 0.0, 0.0); ways.len()];
@@ -161,7 +154,7 @@ async fn measure(client: &kube::Client, name: &str, ways: &[Way]) -> Vec<(f64, f
         for ((way, set), total) in ways.iter().zip(&sets).zip(&mut totals) {
             let (api0, etcd0) = (cpu_seconds("apiserver-target"), cpu_seconds("etcd-target"));
             let started = Instant::now();
-            write(&servers, &events, set, chunk..chunk + CHUNK, way.timed).await;
+            write(server, &servers, &events, set, chunk..chunk + CHUNK, way.timed).await;
             total.0 += started.elapsed();
             total.1 += cpu_seconds("apiserver-target") - api0;
             total.2 += cpu_seconds("etcd-target") - etcd0;

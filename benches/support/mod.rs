@@ -1,11 +1,28 @@
 //! What the benches that drive the `restatus` binary on the bench test bed share: the
-//! environment, timing a run, sampling a process's RSS, reading a controller's metrics.
+//! environment, timing a run, sampling a process's RSS, reading a controller's metrics, and the
+//! bare restore the restore benches compare with (`bare`).
+
+pub mod bare;
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} unset: run scripts/bench"))
+}
+
+/// A client of the bench bed's cluster whose kubeconfig the variable `kubeconfig` names.
+pub async fn client(kubeconfig: &str) -> kube::Client {
+    restatus::k8s::client(Some(std::path::Path::new(&env(kubeconfig))), None).await.expect("a client of the bench bed")
+}
+
+/// A store of the bench bucket for one run: `s3://<bucket>/<prefix>`, under the cluster id
+/// `<cluster>-<now>` (a snapshot of its own): its URL, the cluster id and the store.
+pub fn run_store(prefix: &str, cluster: &str) -> (String, String, restatus::store::SnapshotStore) {
+    let storage = format!("s3://{}/{prefix}", env("RESTATUS_BUCKET"));
+    let cluster = format!("{cluster}-{}", jiff::Timestamp::now().as_second());
+    let store = restatus::store::SnapshotStore::open(&storage, &cluster).expect("the bench bucket");
+    (storage, cluster, store)
 }
 
 /// Runs `restatus ARGS` under /usr/bin/time: wall time and peak RSS (KiB).
