@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use kube::config::Kubeconfig;
@@ -75,16 +75,33 @@ impl Bed {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Output {
+        Self::command(kubeconfig, storage, cluster, args, env).output().expect("run restatus")
+    }
+
+    /// Starts `command` (a [`Bed::command`]), its stdout discarded and its stderr in a log file
+    /// of its own, named after its first argument: the process and its log.
+    pub fn spawn(&self, mut command: Command) -> (Child, PathBuf) {
+        let name = command.get_args().next().map_or("restatus".into(), |a| a.to_string_lossy().into_owned());
+        let log = self.scratch.path().join(format!("{}.log", unique(&name)));
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("a log file"))
+            .spawn()
+            .expect("start restatus");
+        (child, log)
+    }
+
+    /// `restatus ARGS --kubeconfig KUBECONFIG` on `storage` under the cluster id `cluster`, with
+    /// the test bed's S3 environment and `env`.
+    pub fn command(kubeconfig: &Path, storage: &str, cluster: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_restatus"));
         cmd.args(args)
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .env("RESTATUS_STORAGE", storage)
-            .env("RESTATUS_CLUSTER_ID", cluster);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.output().expect("run restatus")
+            .env("RESTATUS_CLUSTER_ID", cluster)
+            .envs(env.iter().copied());
+        cmd
     }
 
     pub fn kubectl(&self, kubeconfig: &Path, args: &[&str]) -> Output {
@@ -728,26 +745,14 @@ pub fn generate_age_keys(bed: &Bed, name: &str) -> (PathBuf, PathBuf, String) {
 /// every status changed (`state: Forged`), its payload's size, sha256 and counts recomputed
 /// into a manifest dated now, written beside the real ones, unsigned. Its id.
 pub async fn forge(store: &SnapshotStore, from: &str) -> restatus::format::SnapshotId {
-    let (real, records) = records(store, from).await;
-    let mut encoder = restatus::format::PayloadEncoder::new(3).unwrap();
-    let mut payload = Vec::new();
-    for mut record in records {
+    let (real, mut records) = records(store, from).await;
+    for record in &mut records {
         let mut status: serde_json::Value = serde_json::from_str(record.status.get()).unwrap();
         status["state"] = "Forged".into();
         record.status = serde_json::value::RawValue::from_string(status.to_string()).unwrap();
-        encoder.push(&record).unwrap();
-        payload.extend(encoder.take_output());
     }
-    let (tail, summary) = encoder.finish().unwrap();
-    payload.extend(tail);
-    let now = jiff::Timestamp::now();
-    let id = restatus::format::SnapshotId::new(now);
     let capture =
         restatus::format::CaptureSummary { kinds: real.kinds.clone(), ..restatus::format::CaptureSummary::empty() };
-    let manifest = Manifest::new(store.cluster_id(), id.clone(), now, &real.profile, capture, summary);
-    object_store::ObjectStoreExt::put(store.object_store().as_ref(), &store.payload_path(&id), payload.into())
-        .await
-        .unwrap();
-    store.put_manifest(&manifest).await.unwrap();
-    id
+    let forged = restatus::fixtures::snapshot(&records).at(jiff::Timestamp::now()).profile(&real.profile);
+    forged.capture(capture).write(store).await.snapshot_id
 }

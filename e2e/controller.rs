@@ -2,7 +2,8 @@
 //! it back within a second or so, metrics and probes answer, and its RBAC plus admission
 //! policy allow exactly what it needs.
 
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams, PostParams};
@@ -19,73 +20,135 @@ use crate::bed::{
     simulate_move, stderr, stdout, unique, wait_some_restored,
 };
 
-pub(crate) struct Controller {
-    child: Child,
-    port: u16,
-    pub(crate) log: std::path::PathBuf,
+/// A controller to start: `ControllerRun::new(&bed, &storage, &cluster, &selector)`, on the
+/// target, with a Lease of its own in a namespace of its own and a snapshot refresh every 2 s,
+/// until said otherwise. Started as often as wanted (replicas, or one after another), each
+/// start on a new port and, unless [`ControllerRun::lease_name`] names one, a new Lease.
+#[derive(Clone)]
+pub(crate) struct ControllerRun<'a> {
+    bed: &'a Bed,
+    kubeconfig: &'a Path,
+    storage: String,
+    cluster: String,
+    selector: String,
+    lease_namespace: String,
+    /// The lease namespace is the run's own: created on the target when the controller starts.
+    own_namespace: bool,
+    lease_name: Option<String>,
+    snapshot_refresh: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
-impl Controller {
-    fn start(
-        bed: &Bed,
-        kubeconfig: &std::path::Path,
-        storage: &str,
-        cluster: &str,
-        selector: &str,
-        lease_ns: &str,
-    ) -> Controller {
-        Self::start_with(bed, kubeconfig, storage, cluster, selector, lease_ns, &[])
+impl<'a> ControllerRun<'a> {
+    /// A controller of the objects `selector` selects, restoring them from the snapshots of
+    /// `cluster` in `storage`.
+    pub(crate) fn new(bed: &'a Bed, storage: &str, cluster: &str, selector: &str) -> Self {
+        ControllerRun {
+            bed,
+            kubeconfig: &bed.target_kubeconfig,
+            storage: storage.into(),
+            cluster: cluster.into(),
+            selector: selector.into(),
+            lease_namespace: unique("lease-ns"),
+            own_namespace: true,
+            lease_name: None,
+            snapshot_refresh: "2s".into(),
+            args: vec![],
+            env: vec![],
+        }
     }
 
-    /// Starts a controller with `extra` arguments.
-    pub(crate) fn start_with(
-        bed: &Bed,
-        kubeconfig: &std::path::Path,
-        storage: &str,
-        cluster: &str,
-        selector: &str,
-        lease_ns: &str,
-        extra: &[&str],
-    ) -> Controller {
-        Self::start_env(bed, kubeconfig, storage, cluster, selector, lease_ns, extra, &[])
+    /// Talks to the API server (and authenticates) as `kubeconfig` says.
+    pub(crate) fn kubeconfig(self, kubeconfig: &'a Path) -> Self {
+        ControllerRun { kubeconfig, ..self }
     }
 
-    /// Starts a controller with `extra` arguments and `env` added to its environment.
-    #[allow(clippy::too_many_arguments)]
-    fn start_env(
-        bed: &Bed,
-        kubeconfig: &std::path::Path,
-        storage: &str,
-        cluster: &str,
-        selector: &str,
-        lease_ns: &str,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Controller {
+    /// Its Lease in the namespace `namespace`, which exists.
+    pub(crate) fn lease_namespace(self, namespace: &str) -> Self {
+        ControllerRun { lease_namespace: namespace.into(), own_namespace: false, ..self }
+    }
+
+    /// Its Lease named `name`: every controller this run starts is a replica of one election.
+    pub(crate) fn lease_name(self, name: &str) -> Self {
+        ControllerRun { lease_name: Some(name.into()), ..self }
+    }
+
+    /// `--lease-duration`.
+    pub(crate) fn lease_duration(self, duration: &str) -> Self {
+        self.arg("--lease-duration", duration)
+    }
+
+    /// `--concurrency`: the objects written at a time.
+    pub(crate) fn concurrency(self, objects: usize) -> Self {
+        self.arg("--concurrency", &objects.to_string())
+    }
+
+    /// `--profile`: a profile file, or a built-in profile's name.
+    pub(crate) fn profile(self, profile: &str) -> Self {
+        self.arg("--profile", profile)
+    }
+
+    /// `--snapshot-refresh` (2 s unless said).
+    pub(crate) fn snapshot_refresh(self, every: &str) -> Self {
+        ControllerRun { snapshot_refresh: every.into(), ..self }
+    }
+
+    /// Any other flag of `restatus controller`, with its value.
+    pub(crate) fn arg(mut self, flag: &str, value: &str) -> Self {
+        self.args.extend([flag.to_string(), value.to_string()]);
+        self
+    }
+
+    /// `name=value` in the controller's environment.
+    pub(crate) fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// The label selector of the objects it restores.
+    pub(crate) fn selector(&self) -> &str {
+        &self.selector
+    }
+
+    /// The storage URL of the snapshots it restores from.
+    pub(crate) fn storage(&self) -> &str {
+        &self.storage
+    }
+
+    /// Starts a controller (its lease namespace created first if it is the run's own).
+    pub(crate) async fn start(&self) -> Controller {
+        if self.own_namespace {
+            ensure_namespace(&self.bed.target().await, &self.lease_namespace).await;
+        }
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let log = bed.scratch.path().join(format!("controller-{port}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
-            .args(["controller", "--selector", selector, "--lease-namespace", lease_ns])
-            .args(if extra.contains(&"--snapshot-refresh") { &[][..] } else { &["--snapshot-refresh", "2s"][..] })
-            .args(["--http-addr", &format!("127.0.0.1:{port}")])
-            .args(if extra.contains(&"--lease-name") {
-                vec![]
-            } else {
-                vec!["--lease-name".to_string(), unique("lease")]
-            })
-            .args(extra)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env("RESTATUS_STORAGE", storage)
-            .env("RESTATUS_CLUSTER_ID", cluster)
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let http_addr = format!("127.0.0.1:{port}");
+        let lease_name = self.lease_name.clone().unwrap_or_else(|| unique("lease"));
+        let mut args = vec!["controller", "--selector", &self.selector, "--lease-namespace", &self.lease_namespace];
+        args.extend(["--lease-name", &lease_name, "--snapshot-refresh", &self.snapshot_refresh]);
+        args.extend(["--http-addr", &http_addr]);
+        args.extend(self.args.iter().map(String::as_str));
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let (child, log) = self.bed.spawn(Bed::command(self.kubeconfig, &self.storage, &self.cluster, &args, &env));
         Controller { child, port, log }
     }
 
+    /// [`ControllerRun::start`], and waits until the controller is ready.
+    pub(crate) async fn start_ready(&self) -> Controller {
+        let controller = self.start().await;
+        controller.wait_ready().await;
+        controller
+    }
+}
+
+/// A controller a test started; killed when dropped.
+pub(crate) struct Controller {
+    child: Child,
+    port: u16,
+    pub(crate) log: PathBuf,
+}
+
+impl Controller {
     pub(crate) async fn get(&self, path: &str) -> Option<(u16, String)> {
         let out = Command::new("curl")
             .args(["-s", "-o", "-", "-w", "\n%{http_code}", &format!("http://127.0.0.1:{}{path}", self.port)])
@@ -132,20 +195,13 @@ impl Drop for Controller {
 }
 
 /// `spec`'s fleet created on the source (`concurrency` objects at a time) and backed up under
-/// its own cluster id in a storage prefix of its own: its selector and storage URL.
-async fn backed_up(bed: &Bed, spec: &FleetSpec, concurrency: usize) -> (String, String) {
+/// its own cluster id in a storage prefix of its own: a controller of the fleet to start.
+async fn backed_up<'a>(bed: &'a Bed, spec: &FleetSpec, concurrency: usize) -> ControllerRun<'a> {
     fleet::create(&bed.source().await, spec, concurrency).await.unwrap();
     let selector = format!("{FLEET_LABEL}={}", spec.name);
     let storage = bed.storage(&spec.name);
     assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
-    (selector, storage)
-}
-
-/// A namespace of the test's own on the target, for a controller's Lease.
-pub(crate) async fn lease_namespace(bed: &Bed) -> String {
-    let ns = unique("lease-ns");
-    ensure_namespace(&bed.target().await, &ns).await;
-    ns
+    ControllerRun::new(bed, &storage, &spec.name, &selector)
 }
 
 /// Waits until every object of the fleet on the target has the source's status and no
@@ -172,16 +228,6 @@ pub(crate) fn metric(text: &str, name: &str) -> f64 {
     text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
-/// `spec`'s fleet created on the source and backed up, and a controller started on the target
-/// for it (a lease namespace of its own), ready.
-async fn backed_up_fleet_and_a_controller(bed: &Bed, spec: &FleetSpec, concurrency: usize) -> Controller {
-    let (selector, storage) = backed_up(bed, spec, concurrency).await;
-    let lease_ns = lease_namespace(bed).await;
-    let controller = Controller::start(bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns);
-    controller.wait_ready().await;
-    controller
-}
-
 /// Server `name` on the target loses its status (state and inventory), as a wiped object would.
 async fn wipe_status(bed: &Bed, name: &str) {
     let target = bed.target().await;
@@ -199,7 +245,7 @@ async fn a_quiet_controller_keeps_its_watches_and_counts_no_error() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
     let spec = FleetSpec::new(&unique("quiet"), 2, 2, 1);
-    let controller = backed_up_fleet_and_a_controller(&bed, &spec, 4).await;
+    let controller = backed_up(&bed, &spec, 4).await.start_ready().await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
 
@@ -221,7 +267,7 @@ async fn the_controller_restores_objects_as_they_appear() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
     let spec = FleetSpec::new(&unique("ctl"), 20, 20, 10);
-    let controller = backed_up_fleet_and_a_controller(&bed, &spec, 16).await;
+    let controller = backed_up(&bed, &spec, 16).await.start_ready().await;
     assert_eq!(controller.get("/healthz").await.unwrap().0, 200);
 
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
@@ -260,9 +306,8 @@ async fn the_controller_rbac_is_sufficient_and_nothing_more() {
 
     // Sufficient: the controller, as this ServiceAccount, restores a moved fleet.
     let spec = FleetSpec::new(&unique("rbac"), 4, 4, 2);
-    let (selector, storage) = backed_up(&bed, &spec, 8).await;
-    let controller = Controller::start(&bed, &kubeconfig, &storage, &spec.name, &selector, "restatus");
-    controller.wait_ready().await;
+    let run = backed_up(&bed, &spec, 8).await.kubeconfig(&kubeconfig);
+    let controller = run.lease_namespace("restatus").start_ready().await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
     assert!(controller.stop().await.success());
@@ -381,22 +426,19 @@ async fn a_metrics_port_that_cannot_be_bound_is_a_clear_error_at_start() {
     assert!(started.elapsed() < Duration::from_secs(30), "it exits at start, not later");
 }
 
-/// A fleet backed up on the source, and a controller for it on the target.
-async fn fleet_and_controller(bed: &Bed, prefix: &str, extra: &[&str]) -> (FleetSpec, Controller) {
+/// A fleet backed up on the source, and a controller for it on the target to start.
+async fn fleet_and_controller<'a>(bed: &'a Bed, prefix: &str) -> (FleetSpec, ControllerRun<'a>) {
     let spec = FleetSpec::new(&unique(prefix), 6, 6, 3);
-    let (selector, storage) = backed_up(bed, &spec, 16).await;
-    let lease_ns = lease_namespace(bed).await;
-    let controller =
-        Controller::start_with(bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, extra);
-    (spec, controller)
+    let run = backed_up(bed, &spec, 16).await;
+    (spec, run)
 }
 
 #[tokio::test]
 async fn writes_denied_for_30_seconds_are_retried_until_everything_is_restored_and_released() {
     let _target = TARGET.read().await;
     let bed = Bed::get();
-    let (spec, controller) = fleet_and_controller(&bed, "deny", &[]).await;
-    controller.wait_ready().await;
+    let (spec, run) = fleet_and_controller(&bed, "deny").await;
+    let controller = run.start_ready().await;
 
     // Every update of this fleet's objects on the target is denied, status included.
     let name = spec.name.clone();
@@ -461,7 +503,8 @@ async fn a_kind_the_target_does_not_serve_is_reported_and_the_rest_is_restored()
     profile["kinds"].as_array_mut().unwrap().push(gone);
     let file = bed.scratch.path().join(format!("{}-profile.json", unique("gone")));
     std::fs::write(&file, profile.to_string()).unwrap();
-    let (spec, controller) = fleet_and_controller(&bed, "gone", &["--profile", file.to_str().unwrap()]).await;
+    let (spec, run) = fleet_and_controller(&bed, "gone").await;
+    let controller = run.profile(file.to_str().unwrap()).start().await;
     // Once leading, the controller lists every kind: the missing one is reported, not waited for.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -489,14 +532,8 @@ async fn a_leader_killed_mid_restore_is_replaced_and_nothing_is_written_twice() 
     let _target = TARGET.read().await;
     let bed = Bed::get();
     let spec = FleetSpec::new(&unique("failover"), 60, 60, 30);
-    let (selector, storage) = backed_up(&bed, &spec, 16).await;
-    let lease_ns = lease_namespace(&bed).await;
-    let lease = unique("lease");
-    let start = || {
-        let args = ["--lease-name", lease.as_str(), "--concurrency", "2"];
-        Controller::start_with(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, &args)
-    };
-    let (mut a, mut b) = (start(), start());
+    let replica = backed_up(&bed, &spec, 16).await.lease_name(&unique("lease")).concurrency(2);
+    let (mut a, mut b) = (replica.start().await, replica.start().await);
     a.wait_ready().await;
     b.wait_ready().await;
     let leader_of = |text: &str| metric(text, "restatus_leader") == 1.0;
@@ -640,23 +677,16 @@ async fn a_leader_stopped_past_its_lease_writes_nothing_after_the_new_leader_beg
     let kubeconfig_b = bed.kubeconfig_with_token(&apiserver.kubeconfig, &unique("replica-b"), &token_b);
 
     let spec = FleetSpec::new(&unique("slow-leader"), 150, 150, 0);
-    let (selector, storage) = backed_up(&bed, &spec, 16).await;
-    let lease_ns = lease_namespace(&bed).await;
-    let lease = unique("lease");
-    let start = |kubeconfig: &std::path::Path| {
-        let args = ["--lease-name", lease.as_str(), "--lease-duration", "6s", "--concurrency", "8"];
-        Controller::start_with(&bed, kubeconfig, &storage, &spec.name, &selector, &lease_ns, &args)
-    };
+    let replica = backed_up(&bed, &spec, 16).await.lease_name(&unique("lease"));
+    let replica = replica.lease_duration("6s").concurrency(8);
     // A leads: it is started first, and B only once A holds the lease.
-    let mut a = start(&kubeconfig_a);
-    a.wait_ready().await;
+    let mut a = replica.clone().kubeconfig(&kubeconfig_a).start_ready().await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !a.get("/metrics").await.is_some_and(|(_, m)| metric(&m, "restatus_leader") == 1.0) {
         assert!(Instant::now() < deadline, "A does not lead within 30 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let b = start(&kubeconfig_b);
-    b.wait_ready().await;
+    let b = replica.kubeconfig(&kubeconfig_b).start_ready().await;
 
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_some_restored(&bed.target().await, &spec.name, 5, Duration::from_secs(120)).await;
@@ -757,14 +787,10 @@ async fn a_relist_after_a_hard_api_server_restart_forgets_what_vanished_meanwhil
     let mut apiserver = ExtraApiServer::start(&bed, "target", &audit).await;
 
     let spec = FleetSpec::new(&unique("relist"), 4, 4, 2);
-    let (selector, storage) = backed_up(&bed, &spec, 8).await;
-    let lease_ns = lease_namespace(&bed).await;
     // Its Lease lives on the API server the test kills: a lease that outlasts a slow restart
     // (tens of seconds on a busy machine), or the controller steps down and exits, as it must.
-    let lease = ["--lease-duration", "120s"];
-    let controller =
-        Controller::start_with(&bed, &apiserver.kubeconfig, &storage, &spec.name, &selector, &lease_ns, &lease);
-    controller.wait_ready().await;
+    let run = backed_up(&bed, &spec, 8).await.kubeconfig(&apiserver.kubeconfig);
+    let controller = run.lease_duration("120s").start_ready().await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
 
@@ -880,8 +906,8 @@ async fn a_kind_forbidden_by_the_shipped_rbac_is_reported_and_the_rest_is_restor
     bed.assert_denied(&kubeconfig, &[vec!["get", "endpoints.metal.ironcore.dev"]]);
 
     let spec = FleetSpec::new(&unique("forbid"), 6, 6, 3);
-    let (selector, storage) = backed_up(&bed, &spec, 16).await;
-    let controller = Controller::start(&bed, &kubeconfig, &storage, &spec.name, &selector, &ns);
+    let run = backed_up(&bed, &spec, 16).await.kubeconfig(&kubeconfig);
+    let controller = run.lease_namespace(&ns).start().await;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (code, body) = controller.get("/readyz").await.unwrap_or_default();
@@ -929,12 +955,9 @@ async fn the_snapshot_refresh_downloads_each_payload_once() {
     let storage = bed.storage(&spec.name);
     let prefix = storage.rsplit('/').next().unwrap().to_string();
     assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "backup");
-    let lease_ns = lease_namespace(&bed).await;
-    let env = [("S3_ENDPOINT", proxied.as_str()), ("AWS_ENDPOINT_URL_S3", proxied.as_str())];
-    let extra = ["--snapshot-refresh", "1s"];
-    let controller =
-        Controller::start_env(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, &extra, &env);
-    controller.wait_ready().await;
+    let run = ControllerRun::new(&bed, &storage, &spec.name, &selector).snapshot_refresh("1s");
+    let run = run.env("S3_ENDPOINT", &proxied).env("AWS_ENDPOINT_URL_S3", &proxied);
+    let controller = run.start_ready().await;
 
     let count = |what: &dyn Fn(&str, &str) -> bool| {
         proxy.requests().iter().filter(|(method, target)| target.contains(&prefix) && what(method, target)).count()
@@ -998,13 +1021,10 @@ async fn a_store_that_stops_answering_during_a_refresh_fails_it_in_time_and_noth
     let bed = Bed::get();
     let (proxy, proxied) = CountingProxy::for_s3().await;
     let spec = FleetSpec::new(&unique("stall"), 2, 2, 1);
-    let (selector, storage) = backed_up(&bed, &spec, 4).await;
-    let lease_ns = lease_namespace(&bed).await;
-    let env = [("S3_ENDPOINT", proxied.as_str()), ("AWS_ENDPOINT_URL_S3", proxied.as_str())];
-    let extra = ["--snapshot-refresh", "1s", "--snapshot-timeout", "20s"];
-    let controller =
-        Controller::start_env(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns, &extra, &env);
-    controller.wait_ready().await;
+    let run = backed_up(&bed, &spec, 4).await.snapshot_refresh("1s").arg("--snapshot-timeout", "20s");
+    let run = run.env("S3_ENDPOINT", &proxied).env("AWS_ENDPOINT_URL_S3", &proxied);
+    let controller = run.start_ready().await;
+    let (selector, storage) = (run.selector(), run.storage());
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
     let versions = || async {
@@ -1013,7 +1033,7 @@ async fn a_store_that_stops_answering_during_a_refresh_fails_it_in_time_and_noth
         let mut versions = std::collections::BTreeMap::new();
         for kind in ["BMC", "Server", "ServerClaim"] {
             let api = restatus::k8s::api_for(&target, profile.kind(kind).unwrap(), None);
-            for o in api.list(&kube::api::ListParams::default().labels(&selector)).await.unwrap() {
+            for o in api.list(&kube::api::ListParams::default().labels(selector)).await.unwrap() {
                 versions.insert(format!("{kind} {}", o.metadata.name.unwrap()), o.metadata.resource_version.unwrap());
             }
         }
@@ -1063,7 +1083,7 @@ async fn a_store_that_stops_answering_during_a_refresh_fails_it_in_time_and_noth
     // A new snapshot is taken up once the store answers again (snapshot ids have second
     // precision: the backup is taken at least a second after the one in use).
     let second = Instant::now();
-    assert_success(&bed.restatus(&storage, &spec.name, &["backup", "--selector", &selector]), "second backup");
+    assert_success(&bed.restatus(storage, &spec.name, &["backup", "--selector", selector]), "second backup");
     let deadline = second + Duration::from_secs(60);
     loop {
         let (_, metrics) = controller.get("/metrics").await.unwrap_or_default();
@@ -1093,22 +1113,11 @@ async fn a_controller_stopped_mid_batch_finishes_what_it_started_and_leaves_noth
     let _target = TARGET.read().await;
     let bed = Bed::get();
     let spec = FleetSpec::new(&unique("stop"), 300, 300, 0);
-    let (selector, storage) = backed_up(&bed, &spec, 16).await;
+    let run = backed_up(&bed, &spec, 16).await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
-    let lease_ns = lease_namespace(&bed).await;
     // Started after the move: the whole fleet is one batch, written two objects at a time.
-    let start = || {
-        Controller::start_with(
-            &bed,
-            &bed.target_kubeconfig,
-            &storage,
-            &spec.name,
-            &selector,
-            &lease_ns,
-            &["--concurrency", "2"],
-        )
-    };
-    let controller = start();
+    let run = run.concurrency(2);
+    let controller = run.start().await;
     wait_some_restored(&bed.target().await, &spec.name, 5, Duration::from_secs(120)).await;
     let log = controller.log.clone();
     assert!(controller.stop().await.success(), "controller exit on SIGTERM");
@@ -1117,7 +1126,7 @@ async fn a_controller_stopped_mid_batch_finishes_what_it_started_and_leaves_noth
 
     assert_stopped_cleanly(&fleet_state(&bed.target().await, &spec.name).await);
 
-    let controller = start();
+    let controller = run.start().await;
     wait_restored(&bed, &spec.name, Duration::from_secs(180)).await;
     assert!(controller.stop().await.success(), "controller exit on SIGTERM");
 }
@@ -1131,12 +1140,10 @@ async fn the_controller_never_adopts_a_snapshot_captured_from_its_own_cluster() 
     let _target = TARGET.read().await;
     let bed = Bed::get();
     let spec = FleetSpec::new(&unique("self"), 3, 3, 1);
-    let (selector, storage) = backed_up(&bed, &spec, 8).await;
-    let lease_ns = lease_namespace(&bed).await;
-    let controller = Controller::start(&bed, &bed.target_kubeconfig, &storage, &spec.name, &selector, &lease_ns);
-    controller.wait_ready().await;
-    let out =
-        bed.restatus_with(&bed.target_kubeconfig, &storage, &spec.name, &["backup", "--selector", &selector], &[]);
+    let run = backed_up(&bed, &spec, 8).await;
+    let controller = run.start_ready().await;
+    let (selector, storage) = (run.selector(), run.storage());
+    let out = bed.restatus_with(&bed.target_kubeconfig, storage, &spec.name, &["backup", "--selector", selector], &[]);
     assert_success(&out, "backup of the target under the source's id");
     // Bounded: the controller refreshes every 2 s.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1215,17 +1222,7 @@ async fn a_kind_whose_crd_arrives_after_the_controller_started_gets_its_status_o
     assert_success(&bed.restatus(&storage, &spec.name, &backup), "backup");
 
     // The target: no Widget CRD yet; the controller restores the moved fleet.
-    let lease_ns = lease_namespace(&bed).await;
-    let controller = Controller::start_with(
-        &bed,
-        &bed.target_kubeconfig,
-        &storage,
-        &spec.name,
-        &selector,
-        &lease_ns,
-        &["--profile", profile_arg],
-    );
-    controller.wait_ready().await;
+    let controller = ControllerRun::new(&bed, &storage, &spec.name, &selector).profile(profile_arg).start_ready().await;
     simulate_move(&source, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;
 
@@ -1386,11 +1383,8 @@ async fn a_crd_version_or_schema_change_gets_a_verdict_and_nothing_is_retried() 
         widgets.create(&PostParams::default(), &object("Widget", "v1", n)).await.unwrap();
     }
     gadgets.create(&PostParams::default(), &object("Gadget", "v2", "g-moved")).await.unwrap();
-    let lease_ns = lease_namespace(&bed).await;
-    let profile_arg = ["--profile", target_profile.to_str().unwrap()];
-    let controller =
-        Controller::start_with(&bed, &bed.target_kubeconfig, &storage, &name, &selector, &lease_ns, &profile_arg);
-    controller.wait_ready().await;
+    let run = ControllerRun::new(&bed, &storage, &name, &selector).profile(target_profile.to_str().unwrap());
+    let controller = run.start_ready().await;
 
     // Each object's outcome, as its annotations and Events show it.
     let events_for = |object: &str| {
@@ -1523,9 +1517,7 @@ async fn a_bmc_whose_server_is_on_the_target_under_another_name_is_held_with_why
     };
     make(&bed.source().await, &recorded, json!({}), true).await;
     assert_success(&bed.restatus(&storage, &name, &["backup", "--selector", &selector]), "backup");
-    let lease_ns = lease_namespace(&bed).await;
-    let controller = Controller::start(&bed, &bed.target_kubeconfig, &storage, &name, &selector, &lease_ns);
-    controller.wait_ready().await;
+    let controller = ControllerRun::new(&bed, &storage, &name, &selector).start_ready().await;
     let quiesced = json!({OPERATION_ANNOTATION: "ignore", QUIESCED_BY_ANNOTATION: "restatus"});
     make(&bed.target().await, &renamed, quiesced, false).await;
 
@@ -1595,18 +1587,9 @@ async fn signed_snapshots_the_controller_passes_over_forgeries_and_keeps_the_sig
     let store = bed.store(&storage, &spec.name);
     let forged = forge(&store, &signed).await;
 
-    let lease_ns = lease_namespace(&bed).await;
     let public = public.display().to_string();
-    let controller = Controller::start_with(
-        &bed,
-        &bed.target_kubeconfig,
-        &storage,
-        &spec.name,
-        &selector,
-        &lease_ns,
-        &["--trusted-key", &public],
-    );
-    controller.wait_ready().await;
+    let run = ControllerRun::new(&bed, &storage, &spec.name, &selector).arg("--trusted-key", &public);
+    let controller = run.start_ready().await;
     wait_logged(&controller, &["using snapshot", &signed], Duration::from_secs(30)).await;
     wait_logged(&controller, &[forged.as_str(), "not signed"], Duration::from_secs(30)).await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
@@ -1650,18 +1633,9 @@ async fn encrypted_snapshots_the_controller_decrypts_with_its_key_and_passes_ove
     assert_success(&out, "encrypted backup");
     let sealed = stdout(&out).trim().to_string();
 
-    let lease_ns = lease_namespace(&bed).await;
     let key = key.display().to_string();
-    let controller = Controller::start_with(
-        &bed,
-        &bed.target_kubeconfig,
-        &storage,
-        &spec.name,
-        &selector,
-        &lease_ns,
-        &["--decryption-key", &key],
-    );
-    controller.wait_ready().await;
+    let run = ControllerRun::new(&bed, &storage, &spec.name, &selector).arg("--decryption-key", &key);
+    let controller = run.start_ready().await;
     wait_logged(&controller, &["using snapshot", &sealed], Duration::from_secs(30)).await;
     simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     wait_restored(&bed, &spec.name, Duration::from_secs(30)).await;

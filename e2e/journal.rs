@@ -4,7 +4,7 @@
 //! before it, saying so.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams, PostParams};
@@ -14,7 +14,7 @@ use restatus::format::{Chain, Records, SEGMENT_PAYLOAD_SUFFIX, SnapshotId, choos
 use restatus::store::SnapshotStore;
 use serde_json::{Value, json};
 
-use crate::controller::{Controller, metric};
+use crate::controller::{Controller, ControllerRun, metric};
 
 use crate::bed::{
     Bed, TARGET, assert_success, fleet_state, generate_age_keys, generate_keys, records, simulate_move, stderr, stdout,
@@ -73,19 +73,8 @@ fn start_journal_as(
     selector: &str,
     args: &[&str],
 ) -> (Child, PathBuf) {
-    let log = bed.scratch.path().join(format!("{}.log", unique("journal")));
-    let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
-        .args(["journal", "--selector", selector])
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .env("RESTATUS_STORAGE", storage)
-        .env("RESTATUS_CLUSTER_ID", cluster)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    (child, log)
+    let args: Vec<&str> = ["journal", "--selector", selector].into_iter().chain(args.iter().copied()).collect();
+    bed.spawn(Bed::command(kubeconfig, storage, cluster, &args, &[]))
 }
 
 fn log_of(log: &PathBuf) -> String {
@@ -355,11 +344,9 @@ async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refus
     assert_eq!(report["restoredTo"]["segmentsApplied"], segments, "{}", report["restoredTo"]);
 
     // A segment by someone without the key: unsigned, the next of the chain, well formed.
-    let mut encoder = restatus::format::PayloadEncoder::new(3).unwrap();
     let mut forged = second_records.record(0).unwrap();
     forged.status = serde_json::value::RawValue::from_string(r#"{"state":"Forged"}"#.into()).unwrap();
-    encoder.push(&forged).unwrap();
-    let (bytes, summary) = encoder.finish().unwrap();
+    let (bytes, summary) = restatus::fixtures::encode(std::slice::from_ref(&forged));
     let last = &verified.links.last().unwrap().header;
     let mut header = restatus::format::SegmentHeader::new(
         &cluster,
@@ -639,14 +626,10 @@ async fn a_stalled_bucket_shows_as_a_growing_lag_until_the_segment_is_written() 
     let (proxy, proxied) = crate::bed::CountingProxy::for_s3().await;
     let port = crate::metrics::free_port();
     let addr = format!("127.0.0.1:{port}");
-    let journal = crate::metrics::Process::start_with(
-        &bed,
-        &bed.source_kubeconfig,
-        &storage,
-        &cluster,
-        &["journal", "--selector", &selector, "--journal-interval", "1s", "--metrics-addr", &addr],
-        &[("S3_ENDPOINT", &proxied), ("AWS_ENDPOINT_URL_S3", &proxied)],
-    );
+    let args = ["journal", "--selector", &selector, "--journal-interval", "1s", "--metrics-addr", &addr];
+    let env = [("S3_ENDPOINT", proxied.as_str()), ("AWS_ENDPOINT_URL_S3", proxied.as_str())];
+    let journal =
+        crate::metrics::Process::start(&bed, Bed::command(&bed.source_kubeconfig, &storage, &cluster, &args, &env));
     let label = format!(r#"{{cluster_id="{cluster}"}}"#);
     let get = |body: &str, name: &str| crate::metrics::value(body, &format!("{name}{label}"));
     use crate::metrics::scrape_until as until;
@@ -782,17 +765,8 @@ async fn the_controller_restores_to_the_journal_point_and_reads_on_at_each_refre
     let target = bed.target().await;
     simulate_move(&source, &target, &spec.name, &|n| n.to_string()).await;
     api(&target, "Server", None).delete(&second, &Default::default()).await.unwrap();
-    let lease_ns = crate::controller::lease_namespace(&bed).await;
-    let controller = Controller::start_with(
-        &bed,
-        &bed.target_kubeconfig,
-        &storage,
-        &cluster,
-        &selector,
-        &lease_ns,
-        &["--snapshot-refresh", "1s"],
-    );
-    controller.wait_ready().await;
+    let run = ControllerRun::new(&bed, &storage, &cluster, &selector).snapshot_refresh("1s");
+    let controller = run.start_ready().await;
     let source_status = |name: String| {
         let source = source.clone();
         async move { api(&source, "Server", None).get(&name).await.unwrap().data["status"].clone() }

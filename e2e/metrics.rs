@@ -2,7 +2,7 @@
 //! scheduled backup (its outcome, the bucket's newest snapshot) and a restore controller (the
 //! bucket's newest snapshot), with real values and the OpenMetrics content type.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
@@ -18,37 +18,9 @@ pub(crate) struct Process {
 }
 
 impl Process {
-    pub(crate) fn start(
-        bed: &Bed,
-        kubeconfig: &std::path::Path,
-        storage: &str,
-        cluster: &str,
-        args: &[&str],
-    ) -> Process {
-        Self::start_with(bed, kubeconfig, storage, cluster, args, &[])
-    }
-
-    /// With `env` set for the process (e.g. other S3 credentials).
-    pub(crate) fn start_with(
-        bed: &Bed,
-        kubeconfig: &std::path::Path,
-        storage: &str,
-        cluster: &str,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Process {
-        let log = bed.scratch.path().join(format!("{}.log", unique("proc")));
-        let child = Command::new(env!("CARGO_BIN_EXE_restatus"))
-            .args(args)
-            .envs(env.iter().copied())
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env("RESTATUS_STORAGE", storage)
-            .env("RESTATUS_CLUSTER_ID", cluster)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+    /// Starts `command`, a [`Bed::command`].
+    pub(crate) fn start(bed: &Bed, command: Command) -> Process {
+        let (child, log) = bed.spawn(command);
         Process { child, log }
     }
 
@@ -124,13 +96,8 @@ async fn schedule_and_controller_export_backup_and_newest_snapshot_metrics() {
     // The schedule, every minute: the first run comes within 60 s.
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let schedule = Process::start(
-        &bed,
-        &bed.source_kubeconfig,
-        &storage,
-        &cluster,
-        &["schedule", "--cron", "* * * * *", "--metrics-addr", &addr, "--selector", &selector],
-    );
+    let args = ["schedule", "--cron", "* * * * *", "--metrics-addr", &addr, "--selector", &selector];
+    let schedule = Process::start(&bed, Bed::command(&bed.source_kubeconfig, &storage, &cluster, &args, &[]));
     // Before the first backup the series exist, at 0.
     let (content_type, before) = scrape_until(&schedule, port, Duration::from_secs(20), |_| true).await;
     assert_eq!(content_type, OPENMETRICS);
@@ -171,25 +138,20 @@ async fn schedule_and_controller_export_backup_and_newest_snapshot_metrics() {
 
     // The restore controller on the target reads the same from the bucket.
     let port = free_port();
-    let controller = Process::start(
-        &bed,
-        &bed.target_kubeconfig,
-        &storage,
-        &cluster,
-        &[
-            "controller",
-            "--selector",
-            &selector,
-            "--snapshot-refresh",
-            "2s",
-            "--http-addr",
-            &format!("127.0.0.1:{port}"),
-            "--lease-namespace",
-            "default",
-            "--lease-name",
-            &unique("lease"),
-        ],
-    );
+    let args = [
+        "controller",
+        "--selector",
+        &selector,
+        "--snapshot-refresh",
+        "2s",
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+        "--lease-namespace",
+        "default",
+        "--lease-name",
+        &unique("lease"),
+    ];
+    let controller = Process::start(&bed, Bed::command(&bed.target_kubeconfig, &storage, &cluster, &args, &[]));
     let series = format!("restatus_snapshot_newest_records{label}");
     let (content_type, body) =
         scrape_until(&controller, port, Duration::from_secs(30), |b| value(b, &series).is_some_and(|n| n > 0.0)).await;

@@ -111,17 +111,11 @@ async fn readonly_credentials_restore_and_list_but_cannot_back_up() {
     // The restore controller on the target, with the read-only keys, restores the moved fleet.
     let port = free_port();
     let (addr, lease) = (format!("127.0.0.1:{port}"), unique("lease"));
-    let controller = Process::start_with(
-        &bed,
-        &bed.target_kubeconfig,
-        &storage,
-        cluster,
-        &["controller", "--selector", &selector, "--snapshot-refresh", "2s", "--http-addr", &addr]
-            .into_iter()
-            .chain(["--lease-namespace", "default", "--lease-name", &lease])
-            .collect::<Vec<_>>(),
-        &readonly,
-    );
+    let args = ["controller", "--selector", &selector, "--snapshot-refresh", "2s", "--http-addr", &addr]
+        .into_iter()
+        .chain(["--lease-namespace", "default", "--lease-name", &lease])
+        .collect::<Vec<_>>();
+    let controller = Process::start(&bed, Bed::command(&bed.target_kubeconfig, &storage, cluster, &args, &readonly));
     simulate_move(&source, &bed.target().await, &spec.name, &|n| n.to_string()).await;
     let want = fleet_state(&source, &spec.name).await;
     let target = bed.target().await;
