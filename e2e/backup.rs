@@ -93,7 +93,13 @@ async fn backup_of_a_300_object_fleet_round_trips_through_s3() {
     assert_eq!(shown["payload"]["sha256"], manifest.payload.sha256.as_str());
 
     // A damaged payload in real S3 fails verification, naming the snapshot.
-    let payload = store.payload_bytes(&manifest.snapshot_id).await.unwrap();
+    let payload =
+        object_store::ObjectStoreExt::get(store.object_store().as_ref(), &store.payload_path(&manifest.snapshot_id))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
     let mut damaged = payload.to_vec();
     damaged[100] ^= 0xff;
     object_store::ObjectStoreExt::put(
@@ -165,7 +171,15 @@ async fn secrets_are_never_captured_even_when_a_profile_names_them() {
         manifest.skipped.iter().filter(|s| s.name.is_none()).map(|s| (s.kind.as_str(), s.reason.as_str())).collect();
     assert!(skipped.contains(&("BMCSecret", restatus::domain::capture::reasons::SECRET_KIND)), "{skipped:?}");
     assert!(skipped.contains(&("Secret", restatus::domain::capture::reasons::SECRET_KIND)), "{skipped:?}");
-    let raw = zstd::decode_all(&store.payload_bytes(&manifest.snapshot_id).await.unwrap()[..]).unwrap();
+    let raw = zstd::decode_all(
+        &object_store::ObjectStoreExt::get(store.object_store().as_ref(), &store.payload_path(&manifest.snapshot_id))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()[..],
+    )
+    .unwrap();
     let text = String::from_utf8_lossy(&raw);
     assert!(!text.contains(secret_value) && !text.contains(&encoded), "secret data reached the payload");
 }

@@ -434,7 +434,12 @@ async fn damaged_and_foreign_snapshots_are_skipped_for_the_previous_good_one() {
     let out = s.bed.restatus(&s.storage, &s.cluster, &["backup", "--selector", &s.spec.selector()]);
     assert_success(&out, "second backup");
     let damaged: restatus::format::SnapshotId = stdout(&out).trim().parse().unwrap();
-    let payload = store.payload_bytes(&damaged).await.unwrap();
+    let payload = object_store::ObjectStoreExt::get(store.object_store().as_ref(), &store.payload_path(&damaged))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
     object_store::ObjectStoreExt::put(
         store.object_store().as_ref(),
         &store.payload_path(&damaged),
@@ -838,7 +843,14 @@ async fn encrypted_snapshots_hold_no_readable_status_and_restore_only_with_the_k
     let payload = |id: &str| {
         let store = store.clone();
         let id = id.parse().unwrap();
-        async move { store.payload_bytes(&id).await.unwrap() }
+        async move {
+            object_store::ObjectStoreExt::get(store.object_store().as_ref(), &store.payload_path(&id))
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap()
+        }
     };
     let (plain_bytes, sealed_bytes) = (readable(&payload(&plain).await), readable(&payload(&sealed).await));
     for id in &ids {

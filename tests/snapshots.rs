@@ -42,6 +42,11 @@ async fn replace(store: &SnapshotStore, path: &object_store::path::Path, bytes: 
     store.object_store().put(path, PutPayload::from(Bytes::from(bytes))).await.unwrap();
 }
 
+/// A payload's bytes as stored, read past the store's checks (to damage them).
+async fn stored(store: &SnapshotStore, id: &SnapshotId) -> Bytes {
+    store.object_store().get(&store.payload_path(id)).await.unwrap().bytes().await.unwrap()
+}
+
 async fn load_err(store: &SnapshotStore, id: &SnapshotId) -> String {
     store.load(id, |_| Ok(())).await.unwrap_err().to_string()
 }
@@ -106,7 +111,7 @@ async fn a_flipped_byte_fails_the_checksum_before_decompressing() {
     let store = store("c");
     let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, r#"{"a":1}"#)]).await;
     let path = store.payload_path(&m.snapshot_id);
-    let mut bytes = store.payload_bytes(&m.snapshot_id).await.unwrap().to_vec();
+    let mut bytes = stored(&store, &m.snapshot_id).await.to_vec();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x01;
     replace(&store, &path, bytes).await;
@@ -118,7 +123,7 @@ async fn a_flipped_byte_fails_the_checksum_before_decompressing() {
 async fn a_truncated_payload_is_reported_as_truncated() {
     let store = store("c");
     let m = write(&store, "2026-11-30T09:00:00Z", &[server(1, r#"{"a":1}"#), server(2, r#"{"b":2}"#)]).await;
-    let bytes = store.payload_bytes(&m.snapshot_id).await.unwrap();
+    let bytes = stored(&store, &m.snapshot_id).await;
     replace(&store, &store.payload_path(&m.snapshot_id), bytes[..bytes.len() - 7].to_vec()).await;
     let err = load_err(&store, &m.snapshot_id).await;
     assert!(err.contains(m.snapshot_id.as_str()) && err.contains("truncated"), "{err}");
@@ -195,7 +200,7 @@ async fn a_snapshot_of_another_cluster_is_foreign() {
     let m = write(&store_a, "2026-11-30T09:00:00Z", &[server(1, "{}")]).await;
     // Copy the whole snapshot under cluster-b's folder of the same bucket.
     let store_b = SnapshotStore::new(store_a.object_store().clone(), "", "cluster-b", "memory://".into()).unwrap();
-    let payload = store_a.payload_bytes(&m.snapshot_id).await.unwrap();
+    let payload = stored(&store_a, &m.snapshot_id).await;
     replace(&store_b, &store_b.payload_path(&m.snapshot_id), payload.to_vec()).await;
     replace(&store_b, &store_b.manifest_path(&m.snapshot_id), m.to_json()).await;
     let err = load_err(&store_b, &m.snapshot_id).await;
@@ -318,7 +323,7 @@ async fn a_large_payload_is_read_from_a_temporary_file_and_verified_there() {
     let records = noisy_records(8000);
     let m = write(&store, "2026-11-30T09:00:00Z", &records).await;
     assert!(m.payload.size > restatus::store::SPILL_ABOVE, "payload of {} bytes", m.payload.size);
-    let payload = store.fetch_payload(&m).await.unwrap();
+    let payload = store.verified_payload(&m).await.unwrap();
     assert!(matches!(payload, restatus::format::Payload::Spilled(_)));
     let loaded = restatus::store::choose_snapshot(&store, None, &Default::default()).await.unwrap();
     assert_eq!(loaded.records.len(), 8000);
@@ -326,14 +331,14 @@ async fn a_large_payload_is_read_from_a_temporary_file_and_verified_there() {
 
     // Nowhere to spill: held in memory, read the same.
     let unspillable = store.clone().with_spill_dir("/nonexistent/restatus-spill");
-    assert!(matches!(unspillable.fetch_payload(&m).await.unwrap(), restatus::format::Payload::Memory(_)));
+    assert!(matches!(unspillable.verified_payload(&m).await.unwrap(), restatus::format::Payload::Memory(_)));
     let loaded = restatus::store::choose_snapshot(&unspillable, None, &Default::default()).await.unwrap();
     assert_eq!(loaded.records.status(17).unwrap().get(), records[17].status.get());
 
     // A byte flipped in the stored payload: the spilled copy fails its sha256, and the
     // snapshot is passed over for the previous good one.
     let older = write(&store, "2026-11-30T08:00:00Z", &records[..10]).await;
-    let mut bytes = store.payload_bytes(&m.snapshot_id).await.unwrap().to_vec();
+    let mut bytes = stored(&store, &m.snapshot_id).await.to_vec();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x01;
     replace(&store, &store.payload_path(&m.snapshot_id), bytes).await;
@@ -632,7 +637,7 @@ async fn an_encrypted_snapshot_is_read_with_its_key_and_passed_over_without_it()
     let restorable = retention::newest_restorable(&base, &base.list().await.unwrap(), None).await.unwrap();
     assert_eq!(restorable, Some(sealed.snapshot_id.clone()));
     // Its ciphertext damaged: it no longer counts, without a key as with one.
-    let mut bytes = base.payload_bytes(&sealed.snapshot_id).await.unwrap().to_vec();
+    let mut bytes = stored(&base, &sealed.snapshot_id).await.to_vec();
     let at = bytes.len() / 2;
     bytes[at] ^= 1;
     replace(&base, &base.payload_path(&sealed.snapshot_id), bytes).await;

@@ -473,7 +473,7 @@ async fn compact(store: &SnapshotStore, opts: &JournalOptions, chain: &Chain) ->
 }
 
 async fn fold(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest) -> Result<Option<Manifest>> {
-    let records = Records::decode(base, store.fetch_payload(base).await?)?;
+    let records = Records::decode(base, store.verified_payload(base).await?)?;
     let read = store.read_chain(&base.snapshot_id, base.created_at, opts.chain_keys.as_deref()).await?;
     if let Some(stop) = read.stop_message(base.created_at) {
         return Err(Error::io("fold the journal", std::io::Error::other(stop)));

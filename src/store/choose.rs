@@ -11,8 +11,8 @@ use jiff::Timestamp;
 use serde::Serialize;
 use tracing::{info, warn};
 
+use super::snapshots::SnapshotStore;
 use crate::format::{Chain, KeyId, Manifest, Records, SnapshotId, TrustedKeys, choose_point};
-use crate::store::SnapshotStore;
 use crate::{Error, Result};
 
 /// A snapshot that was passed over, and why.
@@ -231,7 +231,7 @@ async fn choose(
             return Err(refused);
         }
         if !accept.journal {
-            let records = Records::decode(&manifest, store.fetch_payload(&manifest).await?)?;
+            let records = Records::decode(&manifest, store.verified_payload(&manifest).await?)?;
             return Ok::<_, Error>(Loaded { manifest, records, passed_over: vec![], signer, point: None, tail: None });
         }
         // The chain first: a base no point of which qualifies (an inconsistent base without
@@ -300,7 +300,7 @@ async fn at_point(
     accept: &Accept,
 ) -> Result<(Records, Option<Point>, Tail)> {
     let (chain, point) = chain_point(store, manifest, accept).await?;
-    let records = Records::decode(manifest, store.fetch_payload(manifest).await?)?;
+    let records = Records::decode(manifest, store.verified_payload(manifest).await?)?;
     let applied = &chain.links[..point.segments_applied as usize];
     let records = match applied.is_empty() {
         true => records,
@@ -368,7 +368,7 @@ pub async fn snapshot_at(
 ) -> Result<(Manifest, Records, Option<Point>)> {
     let (manifest, _) = store.verified_manifest(id, trusted).await?;
     let base = match records {
-        true => Records::decode(&manifest, store.fetch_payload(&manifest).await?)?,
+        true => Records::decode(&manifest, store.verified_payload(&manifest).await?)?,
         false => Records::from_records(vec![]),
     };
     if !journal {

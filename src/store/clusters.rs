@@ -5,7 +5,7 @@ use jiff::Timestamp;
 use object_store::path::Path;
 use serde::Serialize;
 
-use super::{SnapshotStore, validate_cluster_id};
+use super::snapshots::{SnapshotStore, validate_cluster_id};
 use crate::format::SnapshotId;
 use crate::{Error, Result};
 

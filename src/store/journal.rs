@@ -18,7 +18,7 @@ use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutMode, PutOptions};
 use tracing::{info, warn};
 
-use super::SnapshotStore;
+use super::snapshots::SnapshotStore;
 use crate::format::{
     Candidate, Chain, ChainStop, JOURNAL_DIR, MAX_SEGMENT_HEADER, MAX_SIGNATURE, Manifest, Payload,
     SEGMENT_HEADER_SUFFIX, SEGMENT_PAYLOAD_SUFFIX, SEGMENT_SIGNATURE_SUFFIX, SegmentHeader, SigningKey, SnapshotId,

@@ -17,9 +17,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use tracing::info;
 
+use super::snapshots::{SnapshotEntry, SnapshotStore};
 use crate::Result;
 use crate::format::{SnapshotId, TrustedKeys, is_ahead_of};
-use crate::store::{SnapshotEntry, SnapshotStore};
 
 /// How long a snapshot folder without a manifest is left alone (a backup may still be writing).
 pub const INCOMPLETE_GRACE: Duration = Duration::from_secs(3600);
@@ -115,7 +115,7 @@ pub async fn newest_restorable(
         // An encrypted snapshot, where no key decrypts it (a backup's retention): its stored
         // bytes are checked against the manifest, which is as far as a writer can see.
         if manifest.encryption.is_some() && !store.decrypts() {
-            match store.fetch_stored(&manifest).await.and_then(|stored| stored.verify(&manifest)) {
+            match store.verify_stored_payload(&manifest).await {
                 Ok(()) => return Ok(Some(entry.id.clone())),
                 Err(e @ crate::Error::Store { .. }) => return Err(e),
                 Err(_) => continue,
