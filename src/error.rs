@@ -81,6 +81,10 @@ pub enum Error {
     #[error("no complete snapshot for cluster {cluster} in {location}{known}")]
     NoSnapshot { cluster: String, location: String, known: String },
 
+    /// `latest@TIME`: no complete snapshot captured at or before the time asked for.
+    #[error("no complete snapshot captured at or before {at} in {location}")]
+    NoSnapshotAt { at: String, location: String },
+
     #[error("invalid snapshot id {0:?}")]
     InvalidSnapshotId(String),
 
@@ -175,7 +179,7 @@ impl Error {
             Error::Undecryptable { .. } => "undecryptable_snapshot",
             Error::Key { .. } => "key",
             Error::NoGoodSnapshot { .. } => "no_good_snapshot",
-            Error::NoSnapshot { .. } => "no_snapshot",
+            Error::NoSnapshot { .. } | Error::NoSnapshotAt { .. } => "no_snapshot",
             Error::TooLarge { .. } => "too_large",
             Error::InvalidSnapshotId(_) => "invalid_snapshot_id",
             Error::Profile { .. } => "profile",

@@ -21,165 +21,210 @@ use restatus::k8s::leader::{Fence, LeaseTiming};
 use restatus::moving::handshake::Handshake;
 use restatus::moving::preflight::{self, PreflightOptions, PreflightReport};
 use restatus::progress::ProgressHook;
-use restatus::restore::{self, RestoreOptions};
+use restatus::restore::{self, RestoreOptions, RestoreReport};
 use restatus::store::{self, RetentionPolicy, SnapshotStore};
 use tracing::{info, warn};
 
 use super::output::{self, OutputFormat};
 use super::progress;
 use super::{
-    BackupArgs, Cli, Command, ControllerArgs, EncryptionArgs, Global, KeysCommand, OutputArgs, PointArgs,
+    BackupArgs, Cli, Command, ControllerArgs, EncryptionArgs, Global, JournalArgs, KeysCommand, OutputArgs, PointArgs,
     PreflightArgs, RestoreArgs, RestoreFormat, Role, SigningArgs, SnapshotsCommand,
 };
 
 /// Runs one command; the exit code for commands that have more than success and failure.
+/// Completion and key generation need no key and no storage; every other command reads the
+/// keys it is given and opens the storage first (a reading command never creates it).
 pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
-    if let Command::Completion { shell } = command {
-        clap_complete::generate(shell, &mut Cli::command(), "restatus", &mut std::io::stdout());
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Command::Keys(KeysCommand::Generate { name, age }) = &command {
-        if *age {
-            generate_age_keys(name)?
-        } else {
-            generate_keys(name)?
+    let reads_only = reads_only(&command);
+    let open = || Opened::open(&global, reads_only);
+    match command {
+        Command::Completion { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "restatus", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
         }
-        return Ok(ExitCode::SUCCESS);
+        Command::Keys(KeysCommand::Generate { name, age: true }) => {
+            generate_age_keys(&name).map(|()| ExitCode::SUCCESS)
+        }
+        Command::Keys(KeysCommand::Generate { name, age: false }) => generate_keys(&name).map(|()| ExitCode::SUCCESS),
+        Command::Preflight(args) => {
+            let Opened { store, trusted } = open()?;
+            preflight(&global, &store, args, trusted.as_deref()).await
+        }
+        Command::Backup { backup: args, output: out } => backup(&global, &open()?, args, out.output).await,
+        Command::Schedule { cron, metrics_addr, backup: args } => {
+            schedule(&global, &open()?, &cron, metrics_addr, args).await.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Restore(args) => {
+            let Opened { store, trusted } = open()?;
+            restore(&global, &store, args, trusted).await.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Journal(args) => journal(&global, &open()?, args).await.map(|()| ExitCode::SUCCESS),
+        Command::Controller(args) => {
+            let Opened { store, trusted } = open()?;
+            controller(&global, store, args, trusted).await.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Snapshots(command) => {
+            let Opened { store, trusted } = open()?;
+            snapshots(&store, command, trusted.as_deref()).await.map(|()| ExitCode::SUCCESS)
+        }
     }
-    // Read before anything runs: a bad key file fails the start, naming the file.
-    let trusted = TrustedKeys::load(&global.trusted_keys)?.map(Arc::new);
-    if let Some(trusted) = &trusted {
-        let ids: Vec<&str> = trusted.ids().map(|k| k.as_str()).collect();
-        info!(keys = %ids.join(","), "only snapshots signed by these keys are used");
-    }
-    let decryption = DecryptionKeys::load(&global.decryption_keys)?.map(Arc::new);
-    if let Some(keys) = &decryption {
-        let files: Vec<String> = global.decryption_keys.iter().map(|p| p.display().to_string()).collect();
-        info!(files = %files.join(","), recipients = %keys.recipients().join(","), "encrypted snapshots are decrypted");
-    }
-    // A reading command never creates a local storage directory: a wrong path is an error.
-    let reads_only = match &command {
+}
+
+/// A command that only reads the storage: it never creates a local storage directory (a wrong
+/// path is an error).
+fn reads_only(command: &Command) -> bool {
+    match command {
         Command::Snapshots(_) | Command::Preflight(_) => true,
         Command::Restore(args) => args.dry_run,
         _ => false,
-    };
-    let open = if reads_only { SnapshotStore::open_existing_with } else { SnapshotStore::open_with };
-    let store = open(&global.storage, &global.cluster_id, &global.s3_options())?
-        .with_max_payload(global.max_snapshot_size)
-        .with_decryption_keys(decryption);
-    match command {
-        Command::Completion { .. } | Command::Keys(_) => unreachable!("handled above"),
-        Command::Preflight(args) => return preflight(&global, &store, args, trusted.as_deref()).await,
-        Command::Backup { backup: args, output: out } => {
-            let (client, mut options) = backup_setup(&global, &args).await?;
-            options.progress = ProgressHook::new(Arc::from(progress::for_stderr(global.progress_interval)));
-            let manifest =
-                backup::run(&client, &store, &options).await.context("backup failed; no snapshot was written")?;
-            let url = store.snapshot_url(&manifest.snapshot_id);
-            info!(snapshot = %manifest.snapshot_id, url = %url, "backup written to {url}");
-            let code = backup_exit_code(manifest.is_consistent());
-            // A table prints the id at once (scripts read it), a document once retention ran.
-            if out.output == OutputFormat::Table {
-                println!("{}", manifest.snapshot_id);
-            }
-            let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
-            let (retention, failed) = match prune(&store, args.retention.policy(), keys.as_ref(), out.output).await {
-                Ok(retention) => (retention, None),
-                Err(e) => (None, Some(e)),
-            };
-            if out.output != OutputFormat::Table {
-                let report = output::BackupReport::of(&manifest, url, code, retention);
-                output::emit(out.output, &report, String::new)?;
-            }
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            return Ok(ExitCode::from(code));
-        }
-        Command::Schedule { cron, metrics_addr, backup: args } => {
-            let schedule: Schedule = cron.parse()?;
-            let metrics = Arc::new(ScheduleMetrics::new(store.cluster_id()));
-            // Bound before anything else: a taken port fails the start, not a scrape later.
-            let server = match metrics_addr {
-                Some(addr) => {
-                    let listener =
-                        restatus::metrics::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
-                    let m = metrics.clone();
-                    // Running is ready: a backup that fails is counted, not a reason to restart.
-                    let ready = || (true, "ready\n".to_string());
-                    Some(tokio::spawn(restatus::metrics::serve(listener, move || m.render(), ready)))
-                }
-                None => None,
-            };
-            let (client, options) = backup_setup(&global, &args).await?;
-            let policy = args.retention.policy();
-            let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
-            info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
-            if let Err(e) = metrics.newest.refresh(&store).await {
-                warn!(error = %e, "cannot read the newest snapshot for the metrics");
-            }
-            let job = || async {
-                let started = std::time::Instant::now();
-                let result = backup::run(&client, &store, &options).await;
-                // The bucket's view first: a scrape that counts this backup sees its snapshot.
-                if let Err(e) = metrics.newest.refresh(&store).await {
-                    warn!(error = %e, "cannot read the newest snapshot for the metrics");
-                }
-                metrics.backup_finished(result.as_ref().ok(), started.elapsed());
-                result?;
-                store::retention::apply(&store, policy, keys.as_ref()).await.map(|_| ())
-            };
-            let runs = schedule::run(&schedule, job, shutdown_signal()).await;
-            info!(runs, "schedule stopped");
-            if let Some(server) = server {
-                server.abort();
-            }
-        }
-        Command::Restore(args) => restore(&global, &store, args, trusted).await?,
-        Command::Journal(args) => {
-            let metrics = Arc::new(JournalMetrics::new(store.cluster_id()));
-            // Bound before anything else: a taken port fails the start, not a probe later.
-            let server = match args.metrics_addr {
-                Some(addr) => {
-                    let listener =
-                        restatus::metrics::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
-                    let (m, r) = (metrics.clone(), metrics.clone());
-                    let ready = move || match r.readiness() {
-                        Ok(()) => (true, "ready\n".to_string()),
-                        Err(why) => (false, format!("not ready: {why}\n")),
-                    };
-                    Some(tokio::spawn(restatus::metrics::serve(listener, move || m.render(), ready)))
-                }
-                None => None,
-            };
-            let (profile, client) =
-                k8s::connect(&global.profile, global.kubeconfig.as_deref(), global.context.as_deref()).await?;
-            let signing = signing_key(&args.signing)?;
-            let options = JournalOptions {
-                selector: global.selector.clone(),
-                interval: args.journal_interval,
-                base_refresh: args.base_refresh,
-                base_wait: args.base_wait,
-                zstd_level: args.zstd_level,
-                max_segments: args.max_segments,
-                chain_keys: run_keys(trusted.as_deref(), signing.as_deref()).map(Arc::new),
-                trusted: trusted.clone(),
-                signing_key: signing,
-                recipients: recipients(&args.encryption)?,
-                metrics: Some(metrics),
-                ..JournalOptions::new(profile)
-            };
-            info!(interval = ?options.interval, storage = store.location(), "journal started");
-            let result = journal::run(&client, &store, &options, shutdown_signal()).await;
-            if let Some(server) = server {
-                server.abort();
-            }
-            result.context("journal failed")?;
-        }
-        Command::Controller(args) => controller(&global, store, args, trusted).await?,
-        Command::Snapshots(command) => snapshots(&store, command, trusted.as_deref()).await?,
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// The storage a command works on, and the keys it trusts.
+struct Opened {
+    store: SnapshotStore,
+    trusted: Option<Arc<TrustedKeys>>,
+}
+
+impl Opened {
+    /// Reads the trusted and the decryption keys (a bad key file fails the start, naming the
+    /// file), then opens the storage with the decryption keys.
+    fn open(global: &Global, reads_only: bool) -> Result<Opened> {
+        let trusted = TrustedKeys::load(&global.trusted_keys)?.map(Arc::new);
+        if let Some(trusted) = &trusted {
+            let ids: Vec<&str> = trusted.ids().map(|k| k.as_str()).collect();
+            info!(keys = %ids.join(","), "only snapshots signed by these keys are used");
+        }
+        let decryption = DecryptionKeys::load(&global.decryption_keys)?.map(Arc::new);
+        if let Some(keys) = &decryption {
+            let files: Vec<String> = global.decryption_keys.iter().map(|p| p.display().to_string()).collect();
+            info!(files = %files.join(","), recipients = %keys.recipients().join(","), "encrypted snapshots are decrypted");
+        }
+        let open = if reads_only { SnapshotStore::open_existing_with } else { SnapshotStore::open_with };
+        let store = open(&global.storage, &global.cluster_id, &global.s3_options())?
+            .with_max_payload(global.max_snapshot_size)
+            .with_decryption_keys(decryption);
+        Ok(Opened { store, trusted })
+    }
+}
+
+/// `backup`: one snapshot, then retention; its id at once for a table, a document after.
+async fn backup(g: &Global, opened: &Opened, args: BackupArgs, format: OutputFormat) -> Result<ExitCode> {
+    let Opened { store, trusted } = opened;
+    let (client, mut options) = backup_setup(g, &args).await?;
+    options.progress = ProgressHook::new(Arc::from(progress::for_stderr(g.progress_interval)));
+    let manifest = backup::run(&client, store, &options).await.context("backup failed; no snapshot was written")?;
+    let url = store.snapshot_url(&manifest.snapshot_id);
+    info!(snapshot = %manifest.snapshot_id, url = %url, "backup written to {url}");
+    let code = backup_exit_code(manifest.is_consistent());
+    // A table prints the id at once (scripts read it), a document once retention ran.
+    if format == OutputFormat::Table {
+        println!("{}", manifest.snapshot_id);
+    }
+    let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
+    let (retention, failed) = match prune(store, args.retention.policy(), keys.as_ref(), format).await {
+        Ok(retention) => (retention, None),
+        Err(e) => (None, Some(e)),
+    };
+    if format != OutputFormat::Table {
+        let report = output::BackupReport::of(&manifest, url, code, retention);
+        output::emit(format, &report, String::new)?;
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(ExitCode::from(code)),
+    }
+}
+
+/// `schedule`: backups (and retention) on a cron schedule until a signal, `/metrics` served.
+async fn schedule(
+    g: &Global,
+    opened: &Opened,
+    cron: &str,
+    metrics_addr: Option<std::net::SocketAddr>,
+    args: BackupArgs,
+) -> Result<()> {
+    let Opened { store, trusted } = opened;
+    let schedule: Schedule = cron.parse()?;
+    let metrics = Arc::new(ScheduleMetrics::new(store.cluster_id()));
+    // Bound before anything else: a taken port fails the start, not a scrape later.
+    let server = match metrics_addr {
+        Some(addr) => {
+            let listener = restatus::metrics::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
+            let m = metrics.clone();
+            // Running is ready: a backup that fails is counted, not a reason to restart.
+            let ready = || (true, "ready\n".to_string());
+            Some(tokio::spawn(restatus::metrics::serve(listener, move || m.render(), ready)))
+        }
+        None => None,
+    };
+    let (client, options) = backup_setup(g, &args).await?;
+    let policy = args.retention.policy();
+    let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
+    info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
+    if let Err(e) = metrics.newest.refresh(store).await {
+        warn!(error = %e, "cannot read the newest snapshot for the metrics");
+    }
+    let job = || async {
+        let started = std::time::Instant::now();
+        let result = backup::run(&client, store, &options).await;
+        // The bucket's view first: a scrape that counts this backup sees its snapshot.
+        if let Err(e) = metrics.newest.refresh(store).await {
+            warn!(error = %e, "cannot read the newest snapshot for the metrics");
+        }
+        metrics.backup_finished(result.as_ref().ok(), started.elapsed());
+        result?;
+        store::retention::apply(store, policy, keys.as_ref()).await.map(|_| ())
+    };
+    let runs = schedule::run(&schedule, job, shutdown_signal()).await;
+    info!(runs, "schedule stopped");
+    if let Some(server) = server {
+        server.abort();
+    }
+    Ok(())
+}
+
+/// `journal`: segments every interval until a signal, `/metrics` and the probes served.
+async fn journal(g: &Global, opened: &Opened, args: JournalArgs) -> Result<()> {
+    let Opened { store, trusted } = opened;
+    let metrics = Arc::new(JournalMetrics::new(store.cluster_id()));
+    // Bound before anything else: a taken port fails the start, not a probe later.
+    let server = match args.metrics_addr {
+        Some(addr) => {
+            let listener = restatus::metrics::bind(addr).await.with_context(|| format!("--metrics-addr {addr}"))?;
+            let (m, r) = (metrics.clone(), metrics.clone());
+            let ready = move || match r.readiness() {
+                Ok(()) => (true, "ready\n".to_string()),
+                Err(why) => (false, format!("not ready: {why}\n")),
+            };
+            Some(tokio::spawn(restatus::metrics::serve(listener, move || m.render(), ready)))
+        }
+        None => None,
+    };
+    let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
+    let signing = signing_key(&args.signing)?;
+    let options = JournalOptions {
+        selector: g.selector.clone(),
+        interval: args.journal_interval,
+        base_refresh: args.base_refresh,
+        base_wait: args.base_wait,
+        zstd_level: args.zstd_level,
+        max_segments: args.max_segments,
+        chain_keys: run_keys(trusted.as_deref(), signing.as_deref()).map(Arc::new),
+        trusted: trusted.clone(),
+        signing_key: signing,
+        recipients: recipients(&args.encryption)?,
+        metrics: Some(metrics),
+        ..JournalOptions::new(profile)
+    };
+    info!(interval = ?options.interval, storage = store.location(), "journal started");
+    let result = journal::run(&client, store, &options, shutdown_signal()).await;
+    if let Some(server) = server {
+        server.abort();
+    }
+    result.context("journal failed")?;
+    Ok(())
 }
 
 /// Exit code of `backup` when a capture stayed inconsistent after its retries: the snapshot is
@@ -392,16 +437,6 @@ async fn restore(
         (RestoreFormat::Jsonl, _) | (RestoreFormat::Table, true) => Some(Arc::new(output::Stream::stdout())),
         _ => None,
     };
-    let sink = stream.clone().map(|stream| {
-        let header = std::sync::Once::new();
-        restore::Sink::new(move |line| match format {
-            RestoreFormat::Jsonl => stream.write(&output::RestoreLine::Object(&line).text()),
-            _ => {
-                header.call_once(|| stream.write(&output::plan_table_header()));
-                stream.write(&output::plan_table_rows(&line.item));
-            }
-        })
-    });
     let options = RestoreOptions {
         snapshot: args.snapshot,
         force: args.force,
@@ -416,11 +451,10 @@ async fn restore(
         selector: g.selector.clone(),
         // The changes are shown by a dry run's table and in JSON.
         explain: args.dry_run || format != RestoreFormat::Table,
-        sink,
+        sink: stream.clone().map(|stream| restore_sink(stream, format)),
+        progress: ProgressHook::new(Arc::from(progress::for_stderr(g.progress_interval))),
         ..RestoreOptions::new(profile)
     };
-    let options =
-        RestoreOptions { progress: ProgressHook::new(Arc::from(progress::for_stderr(g.progress_interval))), ..options };
     if options.force {
         warn!("--force: live statuses that moved on after the snapshot will be overwritten");
     }
@@ -433,25 +467,52 @@ async fn restore(
         }
     };
     let report = restore::run_until(&client, store, &options, stop).await.context("restore failed")?;
-    if let Some(stream) = &stream {
-        if format == RestoreFormat::Jsonl {
-            stream.write(&output::RestoreLine::Summary(report.summary()).text());
-        } else {
+    print_restore(&report, stream.as_deref(), format)?;
+    restore_outcome(&report, stream.as_ref().and_then(|s| s.error()))
+}
+
+/// Each object's line as it is decided or written: a JSON line, or a row of the dry run's table
+/// (its header before the first).
+fn restore_sink(stream: Arc<output::Stream>, format: RestoreFormat) -> restore::Sink {
+    let header = std::sync::Once::new();
+    restore::Sink::new(move |line| match format {
+        RestoreFormat::Jsonl => stream.write(&output::RestoreLine::Object(&line).text()),
+        _ => {
+            header.call_once(|| stream.write(&output::plan_table_header()));
+            stream.write(&output::plan_table_rows(&line.item));
+        }
+    })
+}
+
+/// The report once the restore ends: a streamed run's summary line (or table footer), or the
+/// whole document.
+fn print_restore(report: &RestoreReport, stream: Option<&output::Stream>, format: RestoreFormat) -> Result<()> {
+    match (stream, format.document()) {
+        (Some(stream), _) if format == RestoreFormat::Jsonl => {
+            stream.write(&output::RestoreLine::Summary(report.summary()).text())
+        }
+        (Some(stream), _) => {
             if report.counts.values().sum::<usize>() == 0 {
                 stream.write(&output::plan_table_header());
             }
-            stream.write(&output::restore_summary(&report));
+            stream.write(&output::restore_summary(report));
         }
-    } else if let Some(document) = format.document() {
-        output::emit(document, &report, || {
-            output::plan_table(&report.plan, options.dry_run) + &output::restore_summary(&report)
-        })?;
+        (None, Some(document)) => output::emit(document, report, || {
+            output::plan_table(&report.plan, report.dry_run) + &output::restore_summary(report)
+        })?,
+        (None, None) => {}
     }
-    let closed = stream.as_ref().and_then(|s| s.error());
-    let why = match &closed {
-        // A dry run's reader that has seen enough (`| head`): nothing was to be done.
-        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe && report.dry_run => return Ok(()),
-        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => "a closed stdout (its reader is gone)".to_string(),
+    Ok(())
+}
+
+/// How a restore that ran ends: an error when it stopped early (by what: a signal, a closed or
+/// failed stdout), could not write its output, or left failures; success otherwise, and for a
+/// dry run whose reader has seen enough (`| head`).
+fn restore_outcome(report: &RestoreReport, stdout_error: Option<std::io::Error>) -> Result<()> {
+    let broken_pipe = |e: &std::io::Error| e.kind() == std::io::ErrorKind::BrokenPipe;
+    let why = match &stdout_error {
+        Some(e) if broken_pipe(e) && report.dry_run => return Ok(()),
+        Some(e) if broken_pipe(e) => "a closed stdout (its reader is gone)".to_string(),
         Some(e) => format!("a failed write to stdout ({e})"),
         None => "a signal".into(),
     };
@@ -467,7 +528,7 @@ async fn restore(
             stopped.writes_not_started
         );
     }
-    if let Some(e) = closed.filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe) {
+    if let Some(e) = stdout_error.filter(|e| !broken_pipe(e)) {
         bail!("cannot write to stdout: {e}");
     }
     if !report.ok() {
@@ -515,7 +576,7 @@ async fn prune(
 async fn snapshots(store: &SnapshotStore, command: SnapshotsCommand, trusted: Option<&TrustedKeys>) -> Result<()> {
     match command {
         SnapshotsCommand::List(out) => {
-            let rows = output::snapshot_rows(store, &store.list().await?, trusted).await;
+            let rows = store::describe_snapshots(store, &store.list().await?, trusted, jiff::Timestamp::now()).await;
             output::emit(out.output, &rows, || output::snapshot_table(&rows))?;
         }
         SnapshotsCommand::Clusters(out) => {
@@ -602,17 +663,7 @@ async fn snapshot_at(
         }
         None => (id, point.at),
     };
-    let id = match (id, at) {
-        ("latest", Some(at)) => {
-            let entries = store.list().await?;
-            let before = entries.into_iter().rev().find(|e| e.complete && e.id.timestamp().is_some_and(|t| t <= at));
-            match before {
-                Some(entry) => entry.id,
-                None => bail!("no complete snapshot captured at or before {at} in {}", store.location()),
-            }
-        }
-        (id, _) => store::resolve(store, id).await?,
-    };
+    let id = store::resolve_at(store, id, at).await?;
     Ok(store::snapshot_at(store, &id, trusted, !point.no_journal, at, records).await?)
 }
 
@@ -678,5 +729,61 @@ mod tests {
         assert_eq!(backup_exit_code(true), 0);
         assert_eq!(backup_exit_code(false), EXIT_INCONSISTENT);
         assert!(![0, 1, 2].contains(&EXIT_INCONSISTENT));
+    }
+
+    fn parse(args: &[&str]) -> (Global, Command) {
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["restatus"].iter().chain(args)).unwrap();
+        (cli.global, cli.command)
+    }
+
+    /// Listings, preflight and a dry run only read; backups, restores and the controller write.
+    #[test]
+    fn reading_commands_are_told_apart_from_writing_ones() {
+        for (args, reads) in [
+            (&["snapshots", "list"][..], true),
+            (&["snapshots", "show", "latest"], true),
+            (&["preflight"], true),
+            (&["restore", "--dry-run"], true),
+            (&["restore"], false),
+            (&["backup"], false),
+            (&["controller"], false),
+            (&["journal"], false),
+        ] {
+            assert_eq!(reads_only(&parse(args).1), reads, "{args:?}");
+        }
+    }
+
+    /// Key generation needs neither the keys it is given nor the storage: a missing trusted key
+    /// file does not stop it, and no storage directory is made.
+    #[tokio::test]
+    async fn keys_are_generated_without_reading_keys_or_opening_storage() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = format!("file://{}", tmp.path().join("storage").display());
+        let name = tmp.path().join("k").display().to_string();
+        let missing = tmp.path().join("missing.pub").display().to_string();
+        let (global, command) =
+            parse(&["--storage", &storage, "--trusted-key", &missing, "keys", "generate", "--age", &name]);
+        assert_eq!(run(global, command).await.unwrap(), ExitCode::SUCCESS);
+        assert!(tmp.path().join("k.agekey").is_file() && tmp.path().join("k.recipient").is_file());
+        assert!(!tmp.path().join("storage").exists(), "key generation opened the storage");
+    }
+
+    /// Every other command reads its keys first (a bad file fails it before the storage is
+    /// opened, even for a writer), and a reading one never creates a missing local storage.
+    #[tokio::test]
+    async fn keys_are_read_before_the_storage_and_a_reader_never_creates_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("storage");
+        let storage = format!("file://{}", dir.display());
+        let missing = tmp.path().join("missing.pub").display().to_string();
+        let (global, command) = parse(&["--storage", &storage, "--trusted-key", &missing, "backup"]);
+        let err = format!("{:#}", run(global, command).await.unwrap_err());
+        assert!(err.contains("missing.pub"), "{err}");
+        assert!(!dir.exists(), "the storage was opened before the keys were read");
+        let (global, command) = parse(&["--storage", &storage, "snapshots", "list"]);
+        let err = format!("{:#}", run(global, command).await.unwrap_err());
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(!dir.exists(), "a listing created the storage");
     }
 }

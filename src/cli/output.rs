@@ -1,16 +1,15 @@
-//! What the CLI prints: snapshot listings and verification results, as tables, JSON or YAML.
+//! What the CLI prints: the library's reports, listings and verification results as tables,
+//! JSON or YAML. Nothing here reads the store.
 
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use jiff::Timestamp;
-use restatus::format::{Manifest, ObjectRef, TrustedKeys, is_ahead_of};
+use restatus::format::{Manifest, ObjectRef};
 use restatus::moving::preflight::PreflightReport;
 use restatus::restore::{ObjectLine, PlanItem, RestorePlan, RestoreReport, RestoreSummary};
-use restatus::store::journal::JournalListing;
-use restatus::store::{SnapshotEntry, SnapshotStore};
+use restatus::store::{JournalSummary, SignatureCheck, SnapshotState, SnapshotSummary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -193,103 +192,21 @@ pub fn diff_table(d: &restatus::domain::compare::SnapshotDiff) -> String {
     out
 }
 
-/// One line of `snapshots list`.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SnapshotRow {
-    pub id: String,
-    /// `complete`, `incomplete` (no manifest) or `unreadable`.
-    pub state: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub records: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub payload_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uncompressed_bytes: Option<u64>,
-    pub conflicts: usize,
-    pub skipped: usize,
-    /// `consistent`, `inconsistent`, or `unchecked` (format 1.0).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub consistency: Option<String>,
-    /// Why the capture is inconsistent (the first few reasons).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub inconsistencies: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The snapshot is dated ahead of this clock (its writer's clock was ahead).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub ahead_of_clock: bool,
-    /// The key id the manifest says signed it (absent: unsigned).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signed_by: Option<String>,
-    /// With trusted keys (`--trusted-key`): `verified` or `refused` (the reason in `error`);
-    /// without: `not checked`. Absent for an incomplete or unreadable snapshot.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signature: Option<String>,
-    /// The recipients an encrypted snapshot's payload is encrypted to (absent: plain).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub encrypted_to: Option<Vec<String>>,
-    /// The journal of this snapshot as a base (complete snapshots only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub journal: Option<JournalRow>,
-}
-
-/// A base's journal in `snapshots list`: from a listing of its journal folder and its newest
-/// header only (neither verified nor decrypted: `restore --dry-run` reads the chain).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct JournalRow {
-    /// Segments with a header.
-    pub segments: u64,
-    /// The newest segment's sequence number and the point in time it brings a restore to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub newest_segment: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub newest_at: Option<String>,
-    /// How far the newest segment's point is behind this clock, whole seconds (negative: the
-    /// writer's clock is ahead).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lag_seconds: Option<i64>,
-    /// The first sequence number missing below the newest: a restore stops before it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gap_at: Option<u64>,
-    /// Why the journal (or its newest header) cannot be read.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl JournalRow {
-    pub fn of(listing: &JournalListing, now: Timestamp) -> JournalRow {
-        let mut row = JournalRow { segments: listing.segments, gap_at: listing.gap, ..JournalRow::default() };
-        match &listing.newest {
-            None => {}
-            Some(Ok(header)) => {
-                row.newest_segment = Some(header.sequence);
-                row.newest_at = Some(header.to.to_string());
-                row.lag_seconds = Some(now.duration_since(header.to).as_secs());
-            }
-            Some(Err(reason)) => row.error = Some(reason.clone()),
-        }
-        row
+/// A base's journal as `snapshots list`'s cell: `-` without segments, else the count, the
+/// newest point and its lag.
+pub fn journal_text(j: &JournalSummary) -> String {
+    if let Some(error) = &j.error {
+        return format!("{} segments, {error}", j.segments);
     }
-
-    /// The table's cell: `-` without segments, else the count, the newest point and its lag.
-    pub fn text(&self) -> String {
-        if let Some(error) = &self.error {
-            return format!("{} segments, {error}", self.segments);
-        }
-        let mut out = match (&self.newest_at, self.lag_seconds) {
-            (None, _) => return "-".into(),
-            (Some(at), Some(lag)) if lag >= 0 => format!("{} to {at} ({} behind)", self.segments, human_age(lag)),
-            (Some(at), _) => format!("{} to {at} (ahead of this clock)", self.segments),
-        };
-        if let Some(gap) = self.gap_at {
-            out += &format!(", gap at {gap}");
-        }
-        out
+    let mut out = match (&j.newest_at, j.lag_seconds) {
+        (None, _) => return "-".into(),
+        (Some(at), Some(lag)) if lag >= 0 => format!("{} to {at} ({} behind)", j.segments, human_age(lag)),
+        (Some(at), _) => format!("{} to {at} (ahead of this clock)", j.segments),
+    };
+    if let Some(gap) = j.gap_at {
+        out += &format!(", gap at {gap}");
     }
+    out
 }
 
 /// Seconds as `42s`, `5m07s`, `3h04m`, `2d05h`.
@@ -300,91 +217,6 @@ fn human_age(seconds: i64) -> String {
         (0, 0, _) => format!("{m}m{s:02}s"),
         (0, _, _) => format!("{h}h{m:02}m"),
         _ => format!("{d}d{h:02}h"),
-    }
-}
-
-/// Reads each listed snapshot's manifest (small) to describe it. A manifest that cannot be
-/// read makes an `unreadable` row with the reason, not a failed listing.
-/// With `trusted` keys each complete snapshot's signature is checked too.
-pub async fn snapshot_rows(
-    store: &SnapshotStore,
-    entries: &[SnapshotEntry],
-    trusted: Option<&TrustedKeys>,
-) -> Vec<SnapshotRow> {
-    let mut rows = Vec::with_capacity(entries.len());
-    for entry in entries.iter().rev() {
-        let mut row = SnapshotRow {
-            id: entry.id.to_string(),
-            state: "incomplete".into(),
-            created_at: entry.id.timestamp().map(|t| t.to_string()),
-            records: None,
-            payload_bytes: entry.payload_size,
-            uncompressed_bytes: None,
-            conflicts: 0,
-            skipped: 0,
-            consistency: None,
-            inconsistencies: vec![],
-            error: None,
-            ahead_of_clock: entry.id.timestamp().is_some_and(|t| is_ahead_of(t, Timestamp::now())),
-            signed_by: None,
-            signature: None,
-            encrypted_to: None,
-            journal: None,
-        };
-        if entry.complete {
-            match store.manifest(&entry.id).await {
-                Ok(m) => fill(&mut row, &m),
-                Err(e) => {
-                    row.state = "unreadable".into();
-                    row.error = Some(e.to_string());
-                }
-            }
-        }
-        if row.state == "complete" {
-            row.journal = Some(match store.journal_listing(&entry.id).await {
-                Ok(listing) => JournalRow::of(&listing, Timestamp::now()),
-                Err(e) => JournalRow { error: Some(e.to_string()), ..JournalRow::default() },
-            });
-            row.signature = Some(match trusted {
-                None => "not checked".into(),
-                Some(trusted) => match store.verified_manifest(&entry.id, Some(trusted)).await {
-                    Ok(_) => "verified".into(),
-                    Err(e) => {
-                        row.error = Some(e.to_string());
-                        "refused".into()
-                    }
-                },
-            });
-        }
-        rows.push(row);
-    }
-    rows
-}
-
-fn fill(row: &mut SnapshotRow, m: &Manifest) {
-    row.state = "complete".into();
-    row.created_at = Some(m.created_at.to_string());
-    row.records = Some(m.payload.records);
-    row.payload_bytes = Some(m.payload.size);
-    row.uncompressed_bytes = Some(m.payload.uncompressed_size);
-    row.conflicts = m.conflict_count();
-    row.skipped = m.skipped_count();
-    row.signed_by = m.signed_by.as_ref().map(|k| k.to_string());
-    row.encrypted_to = m.encryption.as_ref().map(|e| e.recipients.clone());
-    let (consistency, inconsistencies) = consistency(m);
-    row.consistency = Some(consistency);
-    row.inconsistencies = inconsistencies;
-}
-
-/// `consistent`, `inconsistent` (with the first few reasons) or `unchecked` (format 1.0).
-fn consistency(m: &Manifest) -> (String, Vec<String>) {
-    match &m.consistency {
-        None => ("unchecked".into(), vec![]),
-        Some(c) if c.consistent => ("consistent".into(), vec![]),
-        Some(c) => {
-            let reasons = c.reasons.iter().take(5).map(|r| format!("{}: {}", r.object, r.reason)).collect();
-            ("inconsistent".into(), reasons)
-        }
     }
 }
 
@@ -421,7 +253,7 @@ pub struct BackupReport {
 
 impl BackupReport {
     pub fn of(m: &Manifest, url: String, exit_code: u8, retention: Option<RetentionReport>) -> Self {
-        let (consistency, inconsistencies) = consistency(m);
+        let (consistency, inconsistencies) = restatus::store::listing::consistency(m);
         BackupReport {
             snapshot: m.snapshot_id.to_string(),
             url,
@@ -516,31 +348,31 @@ impl DeleteReport {
     }
 }
 
-pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
+pub fn snapshot_table(rows: &[SnapshotSummary]) -> String {
     let body = rows
         .iter()
         .map(|r| {
             vec![
                 r.id.clone(),
-                r.state.clone(),
+                state_text(r.state).into(),
                 r.created_at.clone().unwrap_or_default(),
                 r.consistency.clone().unwrap_or_default(),
                 r.records.map(|n| n.to_string()).unwrap_or_default(),
                 r.payload_bytes.map(human_bytes).unwrap_or_default(),
                 r.conflicts.to_string(),
                 r.skipped.to_string(),
-                match (&r.signed_by, &r.signature) {
+                match (&r.signed_by, r.signature) {
                     (_, None) => String::new(),
-                    (None, Some(check)) if check == "not checked" => "unsigned".into(),
-                    (None, Some(check)) => format!("unsigned ({check})"),
-                    (Some(key), Some(check)) => format!("{key} ({check})"),
+                    (None, Some(SignatureCheck::NotChecked)) => "unsigned".into(),
+                    (None, Some(check)) => format!("unsigned ({})", signature_text(check)),
+                    (Some(key), Some(check)) => format!("{key} ({})", signature_text(check)),
                 },
                 match &r.encrypted_to {
-                    None if r.state == "complete" => "no".into(),
+                    None if r.state == SnapshotState::Complete => "no".into(),
                     None => String::new(),
                     Some(recipients) => recipients.iter().map(|k| short_recipient(k)).collect::<Vec<_>>().join(","),
                 },
-                r.journal.as_ref().map(JournalRow::text).unwrap_or_default(),
+                r.journal.as_ref().map(journal_text).unwrap_or_default(),
                 match (&r.error, r.ahead_of_clock) {
                     (Some(e), _) => e.clone(),
                     (None, true) => "dated ahead of this clock (writer's clock skewed)".into(),
@@ -566,6 +398,22 @@ pub fn snapshot_table(rows: &[SnapshotRow]) -> String {
         ],
         body,
     )
+}
+
+fn state_text(state: SnapshotState) -> &'static str {
+    match state {
+        SnapshotState::Complete => "complete",
+        SnapshotState::Incomplete => "incomplete",
+        SnapshotState::Unreadable => "unreadable",
+    }
+}
+
+fn signature_text(check: SignatureCheck) -> &'static str {
+    match check {
+        SignatureCheck::Verified => "verified",
+        SignatureCheck::Refused => "refused",
+        SignatureCheck::NotChecked => "not checked",
+    }
 }
 
 /// A recipient shortened for a table: `age1` and the next 8 characters.
@@ -1007,40 +855,21 @@ mod tests {
     /// lag behind now, a gap, an unreadable newest header, a writer's clock ahead.
     #[test]
     fn a_journal_row_says_segments_newest_point_and_lag() {
-        let now: Timestamp = "2026-12-03T10:05:07Z".parse().unwrap();
-        let none = JournalRow::of(&JournalListing { segments: 0, gap: None, newest: None }, now);
-        assert_eq!(
-            (none.text(), serde_json::to_value(&none).unwrap()),
-            ("-".into(), serde_json::json!({"segments": 0}))
-        );
-        let header = |to: &str| {
-            restatus::format::SegmentHeader::new(
-                "c",
-                &restatus::format::SnapshotId::new("2026-12-03T10:00:00Z".parse().unwrap()),
-                12,
-                None,
-                "2026-12-03T10:00:00Z".parse().unwrap(),
-                to.parse().unwrap(),
-                Default::default(),
-                (1, 0),
-                restatus::format::PayloadEncoder::encode_all(3, None, &[]).unwrap().1,
-                None,
-            )
+        let at = |at: &str, lag: i64| JournalSummary {
+            segments: 12,
+            newest_segment: Some(12),
+            newest_at: Some(at.into()),
+            lag_seconds: Some(lag),
+            ..JournalSummary::default()
         };
-        let listing = JournalListing { segments: 12, gap: None, newest: Some(Ok(header("2026-12-03T10:05:00Z"))) };
-        let row = JournalRow::of(&listing, now);
-        assert_eq!(row.text(), "12 to 2026-12-03T10:05:00Z (7s behind)");
-        assert_eq!(
-            serde_json::to_value(&row).unwrap(),
-            serde_json::json!({"segments": 12, "newestSegment": 12, "newestAt": "2026-12-03T10:05:00Z", "lagSeconds": 7})
-        );
-        let gap = JournalListing { segments: 11, gap: Some(4), newest: Some(Ok(header("2026-12-03T07:01:00Z"))) };
-        assert_eq!(JournalRow::of(&gap, now).text(), "11 to 2026-12-03T07:01:00Z (3h04m behind), gap at 4");
-        let ahead = JournalListing { segments: 1, gap: None, newest: Some(Ok(header("2026-12-03T10:06:00Z"))) };
-        assert_eq!(JournalRow::of(&ahead, now).text(), "1 to 2026-12-03T10:06:00Z (ahead of this clock)");
+        assert_eq!(journal_text(&JournalSummary::default()), "-");
+        assert_eq!(journal_text(&at("2026-12-03T10:05:00Z", 7)), "12 to 2026-12-03T10:05:00Z (7s behind)");
+        let gap = JournalSummary { gap_at: Some(4), ..at("2026-12-03T07:01:00Z", 11_047) };
+        assert_eq!(journal_text(&gap), "12 to 2026-12-03T07:01:00Z (3h04m behind), gap at 4");
+        assert_eq!(journal_text(&at("2026-12-03T10:06:00Z", -53)), "12 to 2026-12-03T10:06:00Z (ahead of this clock)");
         let broken =
-            JournalListing { segments: 2, gap: None, newest: Some(Err("segment 2 of base x is corrupt".into())) };
-        assert_eq!(JournalRow::of(&broken, now).text(), "2 segments, segment 2 of base x is corrupt");
+            JournalSummary { segments: 2, error: Some("segment 2 of base x is corrupt".into()), ..Default::default() };
+        assert_eq!(journal_text(&broken), "2 segments, segment 2 of base x is corrupt");
         assert_eq!(human_age(59), "59s");
         assert_eq!(human_age(307), "5m07s");
         assert_eq!(human_age(2 * 86_400 + 5 * 3600 + 10), "2d05h");

@@ -400,13 +400,23 @@ fn inconsistent(manifest: &Manifest) -> String {
 
 /// A snapshot id, or `latest`: the newest snapshot with a manifest.
 pub async fn resolve(store: &SnapshotStore, id: &str) -> Result<SnapshotId> {
+    resolve_at(store, id, None).await
+}
+
+/// [`resolve`], and with `at` (`latest@TIME`, `--at`), `latest` is the newest snapshot with a
+/// manifest captured at or before `at` (an id stays that id: `at` picks its journal's point).
+pub async fn resolve_at(store: &SnapshotStore, id: &str, at: Option<Timestamp>) -> Result<SnapshotId> {
     if id != "latest" {
         return id.parse();
     }
     let entries = store.list().await?;
-    match entries.into_iter().rev().find(|e| e.complete) {
+    let by_then = |id: &SnapshotId| at.is_none_or(|at| id.timestamp().is_some_and(|t| t <= at));
+    match entries.into_iter().rev().find(|e| e.complete && by_then(&e.id)) {
         Some(entry) => Ok(entry.id),
-        None => Err(store.no_snapshot().await),
+        None => match at {
+            Some(at) => Err(Error::NoSnapshotAt { at: at.to_string(), location: store.location().to_string() }),
+            None => Err(store.no_snapshot().await),
+        },
     }
 }
 
@@ -580,5 +590,31 @@ mod tests {
         let gap = point.gap.unwrap();
         assert!(gap.starts_with(&format!("segment 2 of base {}: is corrupt", base.snapshot_id)), "{gap}");
         assert!(gap.ends_with("restoring to segment 1 at 2026-11-30T09:00:05Z"), "{gap}");
+    }
+
+    /// `latest` is the newest complete snapshot, `latest@TIME` the newest captured by then (one
+    /// being written does not count), and none by then is an error naming the time; an id is
+    /// that id, whatever the time.
+    #[tokio::test]
+    async fn latest_at_a_time_is_the_newest_complete_snapshot_captured_by_then() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let older = write_snapshot(&store, "2026-11-30T08:00:00Z", &[server("a", "On")], true).await;
+        let newer = write_snapshot(&store, "2026-11-30T09:00:00Z", &[server("a", "Off")], true).await;
+        let writing = SnapshotId::new(ts("2026-11-30T08:30:00Z"));
+        object_store::ObjectStoreExt::put(
+            store.object_store().as_ref(),
+            &store.payload_path(&writing),
+            bytes::Bytes::from_static(b"x").into(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(resolve(&store, "latest").await.unwrap(), newer.snapshot_id);
+        let at = |t: &str| Some(ts(t));
+        assert_eq!(resolve_at(&store, "latest", at("2026-11-30T08:59:59Z")).await.unwrap(), older.snapshot_id);
+        assert_eq!(resolve_at(&store, "latest", at("2026-11-30T09:00:00Z")).await.unwrap(), newer.snapshot_id);
+        let err = resolve_at(&store, "latest", at("2026-11-30T07:00:00Z")).await.unwrap_err();
+        assert!(matches!(&err, Error::NoSnapshotAt { at, .. } if at == "2026-11-30T07:00:00Z"), "{err}");
+        let id = resolve_at(&store, newer.snapshot_id.as_str(), at("2026-11-30T07:00:00Z")).await.unwrap();
+        assert_eq!(id, newer.snapshot_id);
     }
 }

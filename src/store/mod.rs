@@ -12,19 +12,22 @@
 //! The files, bottom first: [`backend`] opens a storage URL (S3, TLS, SSE, local, memory);
 //! [`snapshots`] is the [`SnapshotStore`] on it (layout, writes, listing, manifests and their
 //! signatures, the one verified payload read); [`journal`] and [`clusters`] add to it; [`choose`]
-//! picks the snapshot (and point) a restore uses, [`retention`] what is deleted. This file only
-//! declares and re-exports them.
+//! picks the snapshot (and point) a restore uses, [`retention`] what is deleted, [`listing`]
+//! describes each snapshot for `snapshots list`. This file only declares and re-exports them.
 
 pub mod backend;
 pub mod choose;
 pub mod clusters;
 pub mod journal;
+pub mod listing;
 pub mod retention;
 pub mod snapshots;
 
 pub use backend::{DEFAULT_STORAGE, S3Options, SSE_MODES};
 pub use choose::{
-    Accept, Loaded, Passed, Point, ReadOn, Tail, choose_newer, choose_snapshot, read_on, resolve, snapshot_at,
+    Accept, Loaded, Passed, Point, ReadOn, Tail, choose_newer, choose_snapshot, read_on, resolve, resolve_at,
+    snapshot_at,
 };
+pub use listing::{JournalSummary, SignatureCheck, SnapshotState, SnapshotSummary, describe_snapshots};
 pub use retention::{Deletion, RetentionPolicy};
 pub use snapshots::{DEFAULT_MAX_PAYLOAD, MAX_MANIFEST, SPILL_ABOVE, SnapshotEntry, SnapshotStore};
