@@ -57,6 +57,19 @@ pub struct KindProfile {
     /// and a move is not safe yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transitional_states: Option<StateSet>,
+    /// Whether `clusterctl move` must carry this kind's objects to the target (the default).
+    /// `false` for a kind its controller rebuilds on the target: preflight and the move
+    /// handshake then do not ask for it to be in the move.
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub moves: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(value: &bool) -> bool {
+    *value
 }
 
 /// A status is in one of these states when the string at `path` (inside the status) is one of
@@ -91,6 +104,7 @@ impl KindProfile {
             keys: vec![],
             initial_states: None,
             transitional_states: None,
+            moves: true,
         }
     }
 
@@ -104,6 +118,7 @@ impl KindProfile {
             keys,
             initial_states: None,
             transitional_states: None,
+            moves: true,
         }
     }
 

@@ -30,6 +30,10 @@ pub struct ObjectMeta<'a> {
     pub labels: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub annotations: Option<BTreeMap<String, String>>,
+    /// `metadata.ownerReferences` as raw JSON (borrowed, parsed only by who needs it: the
+    /// move graph).
+    #[serde(borrow, default)]
+    pub owner_references: Option<&'a RawValue>,
     #[serde(default)]
     pub managed_fields: Option<Vec<ManagedFields<'a>>>,
 }

@@ -4,6 +4,8 @@
 //! through [`live`].
 
 pub mod cluster;
+pub mod discover;
+pub mod graph;
 pub mod handshake;
 pub mod live;
 pub mod preflight;

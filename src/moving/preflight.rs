@@ -5,7 +5,10 @@
 //!   Initial/Discovery, objects being deleted, duplicate identity keys);
 //! - what clusterctl itself refuses: Machines without `status.nodeRef`, Clusters whose
 //!   infrastructure or control plane is not up, Clusters already paused;
-//! - backup freshness: objects whose status differs from the newest consistent snapshot.
+//! - backup freshness: objects whose status differs from the newest consistent snapshot;
+//! - the move set: objects of the profile that `clusterctl move` would leave behind, or that
+//!   the garbage collector would delete on the source ([`crate::moving::graph`]), with the
+//!   `kubectl label` commands that make the move carry them.
 //!
 //! [`wait`] re-evaluates on watch events until the cluster is ready or a timeout passes.
 
@@ -23,6 +26,8 @@ use crate::format::{Consistency, KeyDigest, ObjectRef, Records};
 use crate::k8s::watch::changes;
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 use crate::moving::cluster::{self, ClusterView, MachineView};
+use crate::moving::discover::read_move_inputs;
+use crate::moving::graph::{self, MovePlan};
 use crate::moving::live::read_live;
 use crate::store::{Accept, SnapshotStore, choose_snapshot};
 use crate::{Error, Result};
@@ -41,6 +46,8 @@ pub struct Observed {
     /// Objects whose status is not what the newest consistent snapshot holds (`None`: not
     /// checked, e.g. a fresh snapshot is about to be taken).
     pub stale: Option<Vec<Blocker>>,
+    /// What clusterctl would leave behind of the profile's objects.
+    pub move_plan: MovePlan,
 }
 
 pub fn evaluate(observed: &Observed) -> Vec<Blocker> {
@@ -71,6 +78,8 @@ pub fn evaluate(observed: &Observed) -> Vec<Blocker> {
         });
     }
     out.extend(observed.stale.iter().flatten().cloned());
+    let unmoved = observed.move_plan.unmoved.iter();
+    out.extend(unmoved.map(|u| Blocker { object: u.object.clone(), reason: u.reason.clone() }));
     out
 }
 
@@ -164,6 +173,10 @@ pub struct PreflightReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
     pub blockers: Vec<Blocker>,
+    /// The `kubectl label` commands that make `clusterctl move` carry every object of the
+    /// profile (printed, never run by restatus).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub label_commands: Vec<String>,
 }
 
 /// Reads the source cluster (and the snapshot store for freshness) and evaluates.
@@ -176,8 +189,23 @@ pub async fn gather(client: &kube::Client, store: &SnapshotStore, opts: &Preflig
         true => freshness(store, &opts.profile, &live.objects, opts.trusted.clone()).await?,
         false => (None, None),
     };
-    let blockers = evaluate(&Observed { consistency: live.consistency, clusters, machines, stale });
-    Ok(PreflightReport { ready: blockers.is_empty(), snapshot, blockers })
+    let move_plan =
+        move_plan(client, &opts.profile, opts.selector.as_deref(), opts.cluster_namespace.as_deref()).await?;
+    let label_commands = move_plan.commands.clone();
+    let blockers = evaluate(&Observed { consistency: live.consistency, clusters, machines, stale, move_plan });
+    Ok(PreflightReport { ready: blockers.is_empty(), snapshot, blockers, label_commands })
+}
+
+/// What `clusterctl move -n namespace` would leave behind of the profile's objects (selected by
+/// `selector`), and the label commands that fix it.
+pub async fn move_plan(
+    client: &kube::Client,
+    profile: &Profile,
+    selector: Option<&str>,
+    namespace: Option<&str>,
+) -> Result<MovePlan> {
+    let inputs = read_move_inputs(client, profile, selector, namespace).await?;
+    Ok(graph::plan(&inputs.crds, &inputs.objects, selector))
 }
 
 /// The objects whose status differs from the newest consistent snapshot (signed by a trusted
@@ -254,6 +282,8 @@ pub async fn wait(
     let deadline = tokio::time::Instant::now() + timeout;
     let profile_kinds = opts.profile.kinds.iter().filter(|k| !k.is_denied()).map(|k| (k.clone(), None));
     let capi = [cluster::cluster_kind(), cluster::machine_kind()].map(|k| (k, opts.cluster_namespace.as_deref()));
+    // A label put on a CRD changes the move set.
+    let capi = capi.into_iter().chain([(crate::moving::discover::crd_kind(), None)]);
     let kinds: Vec<(KindProfile, Option<&str>)> = profile_kinds.chain(capi).collect();
     let streams = kinds.iter().map(|(kind, namespace)| changes(client, kind, *namespace));
     let mut changes = futures::stream::select_all(streams);
@@ -411,6 +441,7 @@ mod tests {
             clusters: vec![cluster(false, true, true)],
             machines: vec![MachineView { namespace: "capi".into(), name: "m1".into(), node_ref: true }],
             stale: Some(vec![]),
+            move_plan: MovePlan::default(),
         };
         assert!(evaluate(&observed).is_empty());
     }
@@ -433,6 +464,7 @@ mod tests {
                 object: ObjectRef { kind: "Server".into(), namespace: None, name: "s2".into() },
                 reason: "status changed after snapshot X".into(),
             }]),
+            move_plan: MovePlan::default(),
         };
         assert_eq!(
             reasons(&observed),
