@@ -3,10 +3,13 @@
 //!
 //! Fixture, as the ironcore-metal provider and metal-operator build it: Cluster owns
 //! IroncoreMetalCluster and Machines, Machine owns IroncoreMetalMachine, which controls the
-//! ServerClaim of the same name; BMC controls its Server. CRDs carry `clusterctl.cluster.x-k8s.io`;
-//! the cluster-scoped BMCs and Servers carry `clusterctl.cluster.x-k8s.io/move` per object (a
-//! label on their CRDs would move every fleet on the shared test bed). No controller runs, so
-//! the statuses clusterctl's preflight checks are set by the test.
+//! ServerClaim of the same name; BMC controls its Server. The CRDs start as their installs leave
+//! them: Cluster API's and the infrastructure provider's labelled `clusterctl.cluster.x-k8s.io`
+//! (as `clusterctl init` does), metal-operator's not; each fixture then runs the `kubectl label`
+//! commands `restatus preflight --label-commands` prints (issue 37). With restatus's
+//! `--selector` these label the fleet's BMCs and Servers `clusterctl.cluster.x-k8s.io/move` per
+//! object (a label on their CRDs would move every fleet on the shared test bed). No controller
+//! runs, so the statuses clusterctl's preflight checks are set by the test.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -74,8 +77,15 @@ impl Fixture {
     /// IroncoreMetalMachines and Bound ServerClaims, `servers` Servers and BMCs (Reserved,
     /// Available, Maintenance), and Unbound ServerClaims.
     async fn new(servers: usize, machines: usize, unbound: usize) -> Fixture {
+        let fx = Fixture::unlabelled(servers, machines, unbound).await;
+        fx.label_as_preflight_says();
+        fx
+    }
+
+    /// The fixture, with no label restatus asks for.
+    async fn unlabelled(servers: usize, machines: usize, unbound: usize) -> Fixture {
         let bed = Bed::get();
-        prepare_clusters(&bed);
+        prepare_upstream_clusters(&bed);
         let ns = unique("capi");
         let fleet =
             FleetSpec { namespaces: vec![ns.clone()], ..FleetSpec::new(&unique("mv"), servers, servers, machines) };
@@ -115,10 +125,10 @@ impl Fixture {
 
         for i in 0..servers {
             let (mut bmc, bmc_status) = fleet.bmc(i);
-            bmc["metadata"]["labels"] = fleet_labels(Some(MOVE_LABEL));
+            bmc["metadata"]["labels"] = fleet_labels(None);
             let bmc_uid = create(&source, "bmcs", bmc, Some(bmc_status)).await;
             let (mut server, mut status) = fleet.server(i);
-            server["metadata"]["labels"] = fleet_labels(Some(MOVE_LABEL));
+            server["metadata"]["labels"] = fleet_labels(None);
             server["metadata"]["ownerReferences"] =
                 owner("metal.ironcore.dev/v1alpha1", "BMC", &fleet.bmc_name(i), &bmc_uid, true);
             if i >= machines && i % 5 == 4 {
@@ -155,12 +165,34 @@ impl Fixture {
         for i in 0..unbound {
             create(&source, "serverclaims", json!({
                 "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
-                "metadata": {"name": format!("{}-waiting-{i}", fleet.name), "namespace": ns, "labels": fleet_labels(Some(MOVE_LABEL))},
+                "metadata": {"name": format!("{}-waiting-{i}", fleet.name), "namespace": ns, "labels": fleet_labels(None)},
                 "spec": {"power": "Off", "image": "ghcr.io/ironcore-dev/os-images/gardenlinux:1877.0"},
             }), Some(json!({"phase": "Unbound"}))).await;
         }
         let storage = bed.storage(&fleet.name);
         Fixture { bed, ns, fleet, storage }
+    }
+
+    /// `restatus preflight --label-commands` on the source: the commands it prints.
+    fn preflight_label_commands(&self) -> Vec<String> {
+        let args = ["preflight", "--label-commands", "--selector", &self.selector(), "--cluster-namespace", &self.ns];
+        let out = self.bed.restatus(&self.storage, &self.fleet.name, &args);
+        assert!(out.status.code().is_some_and(|c| c <= 1), "preflight --label-commands: {out:?}");
+        stdout(&out).lines().map(str::to_string).filter(|l| !l.is_empty()).collect()
+    }
+
+    /// Runs, on the source, the `kubectl label` commands restatus prints, as a user would. A
+    /// label another fixture put on a shared CRD in between is there already: that is fine.
+    fn label_as_preflight_says(&self) -> Vec<String> {
+        let commands = self.preflight_label_commands();
+        for command in &commands {
+            let words: Vec<&str> = command.split_whitespace().collect();
+            assert_eq!(words[0], "kubectl", "{command}");
+            let out = self.bed.kubectl(&self.bed.source_kubeconfig, &words[1..]);
+            let text = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() || text.contains("already has a value"), "{command}: {text}");
+        }
+        commands
     }
 
     fn selector(&self) -> String {
@@ -250,7 +282,48 @@ impl Fixture {
     }
 }
 
-/// CRD labels and Provider inventory on both clusters, as `clusterctl init` would leave them.
+/// The CRDs of this test bed `clusterctl init` labels (the core and infrastructure providers').
+const CLUSTERCTL_CRDS: &[&str] = &[
+    "clusters.cluster.x-k8s.io",
+    "machines.cluster.x-k8s.io",
+    "clusterclasses.cluster.x-k8s.io",
+    "ironcoremetalclusters.infrastructure.cluster.x-k8s.io",
+    "ironcoremetalmachines.infrastructure.cluster.x-k8s.io",
+    "ironcoremetalmachinetemplates.infrastructure.cluster.x-k8s.io",
+];
+
+/// metal-operator's CRDs the fixtures use: installed by its chart or kustomize, unlabelled.
+const METAL_CRDS: &[&str] = &[
+    "servers.metal.ironcore.dev",
+    "bmcs.metal.ironcore.dev",
+    "serverclaims.metal.ironcore.dev",
+    "serverbootconfigurations.metal.ironcore.dev",
+    "endpoints.metal.ironcore.dev",
+    "bmcsecrets.metal.ironcore.dev",
+];
+
+/// Both clusters as `clusterctl init` and an upstream metal-operator install leave them: the
+/// providers' CRDs labelled and their inventory, metal-operator's CRDs without clusterctl's
+/// labels (any an earlier test put on them removed).
+pub(crate) fn prepare_upstream_clusters(bed: &Bed) {
+    prepare_clusters(bed);
+    for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig] {
+        let mut args = vec!["label", "crd"];
+        args.extend(METAL_CRDS);
+        args.extend(["clusterctl.cluster.x-k8s.io-", "clusterctl.cluster.x-k8s.io/move-"]);
+        let out = bed.kubectl(kubeconfig, &args);
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() || text.contains("not found"), "unlabel metal-operator CRDs: {text}");
+        let mut args = vec!["label", "--overwrite", "crd"];
+        args.extend(CLUSTERCTL_CRDS);
+        args.push("clusterctl.cluster.x-k8s.io=");
+        assert_success(&bed.kubectl(kubeconfig, &args), "label CRDs as clusterctl init does");
+    }
+}
+
+/// CRD labels and Provider inventory on both clusters, as `clusterctl init` would leave them,
+/// and metal-operator's CRDs labelled by hand (e2e/operator.rs; the moving tests start from
+/// [`prepare_upstream_clusters`] and label what restatus asks for).
 pub(crate) fn prepare_clusters(bed: &Bed) {
     for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig] {
         let crds = [
@@ -997,4 +1070,137 @@ async fn a_status_that_moves_on_before_the_quiesce_is_in_the_final_snapshot() {
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(logged.contains("statuses moved on between the final snapshot and the quiesce"), "{logged}");
     let _ = Command::new("kill").arg("-TERM").arg(handshake.0.id().to_string()).status();
+}
+
+/// Counts of a fleet's objects by kind ("BMC", "Server", "ServerClaim").
+fn by_kind(state: &State) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for name in state.keys() {
+        *out.entry(name.split(' ').next().unwrap_or_default().to_string()).or_default() += 1;
+    }
+    out
+}
+
+/// Issue 37 (F115), without restatus: metal-operator's CRDs as installed upstream (unlabelled),
+/// the real `clusterctl move`. It moves the CAPI objects and none of the fleet's: every BMC,
+/// Server and claim stays on the source, and the bound claims are deleted there by the garbage
+/// collector once clusterctl deletes their IroncoreMetalMachines: gone from both clusters.
+/// The collector's deletions are awaited (bounded, 60 s): it acts within seconds.
+#[tokio::test]
+async fn upstream_crds_leave_the_fleet_behind_and_lose_the_bound_claims() {
+    let _moves = MOVES.lock().await;
+    let _target = TARGET.read().await;
+    let (servers, machines, unbound) = (8, 5, 1);
+    let fx = Fixture::unlabelled(servers, machines, unbound).await;
+    let source = fx.bed.source().await;
+    let before = by_kind(&fleet_state(&source, &fx.fleet.name).await);
+    fx.clusterctl_move();
+    let target = fx.bed.target().await;
+    let moved = by_kind(&fleet_state(&target, &fx.fleet.name).await);
+    let claims = api(&source, "metal.ironcore.dev/v1alpha1", "ServerClaim", "serverclaims", Some(&fx.ns));
+    wait_for("the garbage collector to delete the bound claims on the source", Duration::from_secs(60), async || {
+        claims.list(&Default::default()).await.unwrap().items.len() == unbound
+    })
+    .await;
+    let left = by_kind(&fleet_state(&source, &fx.fleet.name).await);
+    eprintln!("MEASURED without restatus: before {before:?}, on the target {moved:?}, left on the source {left:?}");
+    assert!(moved.is_empty(), "clusterctl moved none of the fleet: {moved:?}");
+    assert_eq!(left.get("BMC"), Some(&servers));
+    assert_eq!(left.get("Server"), Some(&servers));
+    assert_eq!(left.get("ServerClaim"), Some(&unbound), "the {machines} bound claims are gone from both clusters");
+}
+
+/// Issue 37 (F116), with restatus: from the same unlabelled CRDs, preflight names what the move
+/// would leave behind (the bound claims as deleted by the garbage collector) and prints the
+/// label commands; the handshake keeps block-move on the paused Cluster with the reason (Event
+/// and annotation) while clusterctl waits. After the commands are run as printed and the move
+/// started again, it carries the whole fleet and the restore brings every status back.
+#[tokio::test]
+async fn restatus_names_what_the_move_would_leave_and_holds_it_until_labelled() {
+    let _moves = MOVES.lock().await;
+    let _target = TARGET.read().await;
+    let fx = Fixture::unlabelled(8, 5, 1).await;
+    let source = fx.bed.source().await;
+    let before = fleet_state(&source, &fx.fleet.name).await;
+
+    let args = ["preflight", "--selector", &fx.selector(), "--cluster-namespace", &fx.ns, "-o", "json"];
+    let out = fx.bed.restatus(&fx.storage, &fx.fleet.name, &args);
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("preflight -o json");
+    let reasons: Vec<String> = report["blockers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| format!("{} {}: {}", b["kind"], b["name"], b["reason"]))
+        .collect();
+    eprintln!("MEASURED preflight: {} reasons; label commands {}", reasons.len(), report["labelCommands"]);
+    let collected = reasons.iter().filter(|r| r.contains("deleted on the source by the garbage collector")).count();
+    assert_eq!(collected, 5, "each bound claim named: {reasons:#?}");
+    for kind in ["8 BMC will not move", "8 Server will not move", "1 ServerClaim will not move"] {
+        assert!(
+            reasons.iter().any(|r| r.contains(kind) && r.contains("lacks the label clusterctl.cluster.x-k8s.io")),
+            "{kind}: {reasons:#?}"
+        );
+    }
+    let commands = fx.preflight_label_commands();
+    assert!(commands.iter().all(|c| c.starts_with("kubectl label ")), "{commands:?}");
+
+    // The handshake holds the move clusterctl starts now (its graph is built without the fleet).
+    let mut handshake = fx.handshake();
+    let clusters = cluster_api(&source, &fx.ns);
+    let annotation =
+        |c: &DynamicObject, key: &str| c.metadata.annotations.clone().unwrap_or_default().get(key).cloned();
+    wait_for("block-move on the Cluster", Duration::from_secs(30), async || {
+        annotation(&clusters.get("workload").await.unwrap(), BLOCK_MOVE).as_deref() == Some("restatus")
+    })
+    .await;
+    let mut mover = fx
+        .clusterctl_move_command()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let blocked = restatus::domain::annotations::MOVE_BLOCKED_ANNOTATION;
+    wait_for("move-blocked on the paused Cluster", Duration::from_secs(60), async || {
+        annotation(&clusters.get("workload").await.unwrap(), blocked).is_some()
+    })
+    .await;
+    let held = clusters.get("workload").await.unwrap();
+    assert_eq!(held.data["spec"]["paused"], true, "clusterctl paused the Cluster");
+    assert_eq!(annotation(&held, BLOCK_MOVE).as_deref(), Some("restatus"), "block-move stays");
+    let note = annotation(&held, blocked).unwrap();
+    assert!(note.contains("garbage collector") && note.contains("kubectl label"), "{note}");
+    let events = stdout(
+        &fx.bed.kubectl(&fx.bed.source_kubeconfig, &["-n", &fx.ns, "get", "events.events.k8s.io", "-o", "json"]),
+    );
+    assert!(events.contains("MoveBlocked") && events.contains("will not move"), "the Event says why");
+    assert!(mover.try_wait().unwrap().is_none(), "clusterctl must be waiting");
+    assert_eq!(by_kind(&fleet_state(&source, &fx.fleet.name).await).get("ServerClaim"), Some(&6), "no claim lost");
+
+    // The user stops that move, labels as told, unpauses, and moves again.
+    mover.kill().unwrap();
+    mover.wait().unwrap();
+    let ran = fx.label_as_preflight_says();
+    assert_eq!(ran, commands, "the commands preflight printed before");
+    assert!(fx.preflight_label_commands().is_empty(), "nothing more to label");
+    clusters
+        .patch("workload", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}})))
+        .await
+        .unwrap();
+    wait_for("move-blocked removed once unpaused", Duration::from_secs(30), async || {
+        annotation(&clusters.get("workload").await.unwrap(), blocked).is_none()
+    })
+    .await;
+    let took = fx.clusterctl_move();
+    let target = fx.bed.target().await;
+    let arrived = fleet_state(&target, &fx.fleet.name).await;
+    eprintln!("MEASURED with restatus, after labelling: {:?} on the target (move took {took:?})", by_kind(&arrived));
+    assert_eq!(arrived.len(), before.len(), "the whole fleet moved");
+    let report = fx.restore();
+    assert!(report["pairing"].as_array().unwrap().is_empty(), "{}", report["pairing"]);
+    let restored = fleet_state(&target, &fx.fleet.name).await;
+    for (name, (status, _)) in &before {
+        assert_eq!(&restored[name].0, status, "{name}");
+    }
+    let _ = Command::new("kill").arg("-TERM").arg(handshake.id().to_string()).status();
+    assert!(handshake.wait().unwrap().success());
 }

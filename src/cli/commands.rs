@@ -334,7 +334,11 @@ async fn preflight(
             .await
             .context("snapshot when ready failed")?;
     }
-    output::emit(args.output.output, &report, || output::preflight_text(&report))?;
+    if args.label_commands {
+        report.label_commands.iter().for_each(|c| println!("{c}"));
+    } else {
+        output::emit(args.output.output, &report, || output::preflight_text(&report))?;
+    }
     Ok(if report.ready { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 

@@ -438,6 +438,10 @@ pub struct PreflightArgs {
     /// Check only the CAPI Clusters and Machines of this namespace (the one to move).
     #[arg(long)]
     pub cluster_namespace: Option<String>,
+    /// Print only the `kubectl label` commands that make `clusterctl move` carry every object
+    /// of the profile, one a line (restatus never runs them); exit as preflight does.
+    #[arg(long)]
+    pub label_commands: bool,
     #[command(flatten)]
     pub backup: BackupArgs,
     #[command(flatten)]

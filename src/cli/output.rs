@@ -579,6 +579,10 @@ pub fn preflight_text(report: &PreflightReport) -> String {
         })
         .collect();
     out += &table(&["KIND", "NAME", "REASON"], rows);
+    if !report.label_commands.is_empty() {
+        out += "\nclusterctl move would leave the objects above behind. On this (the source) cluster, run:\n";
+        report.label_commands.iter().for_each(|c| out += &format!("  {c}\n"));
+    }
     out
 }
 

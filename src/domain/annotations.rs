@@ -78,6 +78,10 @@ pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move"
 /// On a Cluster whose move restatus let go: the final snapshot taken for it. It carries the
 /// move handshake's phase across a change of leader.
 pub const FINAL_SNAPSHOT_ANNOTATION: &str = "restatus.ironcore.dev/final-snapshot";
+/// On a paused Cluster whose move restatus holds because `clusterctl move` would leave objects
+/// of the profile behind: why, and the label commands that fix it. Removed when the Clusters
+/// are unpaused (the move aborted).
+pub const MOVE_BLOCKED_ANNOTATION: &str = "restatus.ironcore.dev/move-blocked";
 /// Cluster API's mark of a paused Cluster (besides `spec.paused`).
 pub const CAPI_PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 

@@ -6,7 +6,9 @@ use serde_json::Value;
 
 use crate::Result;
 use crate::TOOL_NAME;
-use crate::domain::annotations::{BLOCK_MOVE_ANNOTATION, CAPI_PAUSED_ANNOTATION, FINAL_SNAPSHOT_ANNOTATION};
+use crate::domain::annotations::{
+    BLOCK_MOVE_ANNOTATION, CAPI_PAUSED_ANNOTATION, FINAL_SNAPSHOT_ANNOTATION, MOVE_BLOCKED_ANNOTATION,
+};
 use crate::domain::identity::KindProfile;
 use crate::domain::object::RawObject;
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest, list_objects};
@@ -33,6 +35,8 @@ pub struct ClusterView {
     pub blocked_by_restatus: bool,
     /// The final snapshot restatus took before letting this Cluster's move go.
     pub final_snapshot: Option<String>,
+    /// restatus held this pause because the move set was incomplete (its reason).
+    pub move_blocked: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +59,7 @@ impl ClusterView {
             paused: yes("spec.paused") || annotation(CAPI_PAUSED_ANNOTATION).is_some(),
             blocked_by_restatus: annotation(BLOCK_MOVE_ANNOTATION) == Some(TOOL_NAME),
             final_snapshot: annotation(FINAL_SNAPSHOT_ANNOTATION).map(str::to_string),
+            move_blocked: annotation(MOVE_BLOCKED_ANNOTATION).map(str::to_string),
             infrastructure_provisioned: yes("status.initialization.infrastructureProvisioned")
                 || yes("status.infrastructureReady"),
             control_plane_initialized: yes("status.initialization.controlPlaneInitialized")

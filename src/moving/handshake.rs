@@ -16,6 +16,11 @@
 //!    it take the final snapshot again, now of quiesced objects. If a final snapshot is not
 //!    consistent, `block-move` stays, a Warning Event on each Cluster and the log say why, and
 //!    it tries again (after removing its `ignore`, when it had quiesced already).
+//!    Before the final snapshot it checks the move set ([`crate::moving::graph`]): while
+//!    clusterctl would leave objects of the profile behind (or lose them to the garbage
+//!    collector), `block-move` stays, with the reason and the label commands in an annotation
+//!    (`restatus.ironcore.dev/move-blocked`) and a Warning Event on the paused Clusters; a pause
+//!    that began so is held to its end (clusterctl built its graph before it paused).
 //! 3. When the Clusters are unpaused again and still here (the move was aborted), it removes
 //!    the `ignore` it set and blocks again. When they are gone (the move completed), the
 //!    cluster-scoped copies clusterctl leaves behind stay ignored: two metal-operators must
@@ -31,14 +36,17 @@ use serde_json::{Map, Value, json};
 use tracing::{info, warn};
 
 use crate::backup::{self, BackupOptions};
-use crate::domain::annotations::{self, BLOCK_MOVE_ANNOTATION, FINAL_SNAPSHOT_ANNOTATION, QUIESCED_BY_ANNOTATION};
+use crate::domain::annotations::{
+    self, BLOCK_MOVE_ANNOTATION, FINAL_SNAPSHOT_ANNOTATION, MOVE_BLOCKED_ANNOTATION, QUIESCED_BY_ANNOTATION,
+};
 use crate::domain::identity::KindProfile;
 use crate::domain::live::LiveObject;
 use crate::domain::object::RawObject;
 use crate::format::Manifest;
 use crate::k8s::{Annotated, annotate, events, get_object, list_objects};
 use crate::moving::cluster::{self, ClusterView};
-use crate::moving::preflight::{Against, Staleness};
+use crate::moving::graph::MovePlan;
+use crate::moving::preflight::{Against, Staleness, move_plan};
 use crate::store::{Accept, Loaded, SnapshotStore, choose_snapshot};
 use crate::{Error, Result, TOOL_NAME};
 
@@ -71,6 +79,33 @@ pub enum Step {
     /// The move was aborted: release restatus's `ignore`, then block again.
     Release,
     Nothing,
+}
+
+/// Why the move must stay blocked before its final snapshot, if it must: `clusterctl move`
+/// would leave objects of the profile behind (`plan`), or did when this pause began: clusterctl
+/// builds its object graph before it pauses the Clusters, so labels added during the pause do
+/// not reach the move that is waiting; it must be started again.
+pub fn move_hold(clusters: &[ClusterView], plan: &MovePlan) -> Option<String> {
+    if !plan.complete() {
+        let first: Vec<String> = plan.unmoved.iter().take(3).map(|u| format!("{}: {}", u.object, u.reason)).collect();
+        let mut note = format!(
+            "move blocked: clusterctl move would leave {} of the profile's objects (or kinds) behind; first: {}",
+            plan.unmoved.len(),
+            first.join("; ")
+        );
+        if !plan.commands.is_empty() {
+            note += &format!(
+                ". Label as clusterctl needs (on the source), then run clusterctl move again: {}",
+                plan.commands.join(" && ")
+            );
+        }
+        return Some(note);
+    }
+    clusters.iter().any(|c| c.paused && c.move_blocked.is_some()).then(|| {
+        "move blocked: the move set was incomplete when this move began, and clusterctl built its object graph \
+         then: stop clusterctl move, unpause the Clusters, and run it again"
+            .to_string()
+    })
 }
 
 pub fn next_step(clusters: &[ClusterView], phase: &Phase) -> Step {
@@ -130,6 +165,10 @@ impl Handshake {
     pub async fn step(&self, phase: &mut Phase) -> Result<()> {
         let clusters = self.clusters().await?;
         phase.recall(&clusters);
+        // The move that was held is over (aborted): the next one is judged afresh.
+        for c in clusters.iter().filter(|c| !c.paused && c.move_blocked.is_some()) {
+            self.annotate_cluster(c, json!({ MOVE_BLOCKED_ANNOTATION: null })).await?;
+        }
         match next_step(&clusters, phase) {
             Step::Nothing => {}
             Step::Block(clusters) => {
@@ -139,6 +178,9 @@ impl Handshake {
                 }
             }
             Step::FinalSnapshot => {
+                if self.hold_for_move_set(&clusters).await? {
+                    return Ok(());
+                }
                 let paused_at = Timestamp::now();
                 let manifest = backup::run(&self.client, &self.store, &self.backup).await?;
                 if manifest.is_consistent() {
@@ -239,6 +281,22 @@ impl Handshake {
         }
         *phase = Phase::default();
         Ok(false)
+    }
+
+    /// Keeps `block-move` (true) while `clusterctl move` would leave objects of the profile
+    /// behind: the reason on the paused Clusters (annotation and Warning Event) and in the log.
+    async fn hold_for_move_set(&self, clusters: &[ClusterView]) -> Result<bool> {
+        let (selector, namespace) = (self.backup.selector.as_deref(), self.cluster_namespace.as_deref());
+        let plan = move_plan(&self.client, &self.backup.profile, selector, namespace).await?;
+        let Some(note) = move_hold(clusters, &plan) else { return Ok(false) };
+        warn!(unmoved = plan.unmoved.len(), "{note}");
+        for c in clusters.iter().filter(|c| c.paused) {
+            if c.move_blocked.as_deref() != Some(note.as_str()) {
+                self.annotate_cluster(c, json!({ MOVE_BLOCKED_ANNOTATION: note })).await?;
+                self.event(c, EventType::Warning, "MoveBlocked", note.clone()).await;
+            }
+        }
+        Ok(true)
     }
 
     async fn clusters(&self) -> Result<Vec<ClusterView>> {
@@ -405,6 +463,7 @@ mod tests {
             control_plane_initialized: true,
             blocked_by_restatus: blocked,
             final_snapshot: None,
+            move_blocked: None,
         }
     }
 
@@ -421,6 +480,32 @@ mod tests {
         let mut phase = Phase::default();
         phase.recall(std::slice::from_ref(&aborted));
         assert_eq!(next_step(&[aborted], &phase), Step::Release);
+    }
+
+    /// Issue 37 (F115): the handshake keeps block-move while the move would leave objects
+    /// behind, says how to fix it, and holds a pause that began with an incomplete move set
+    /// even once the labels are there (clusterctl's graph is built before its pause).
+    #[test]
+    fn an_incomplete_move_set_holds_the_move_and_so_does_a_pause_that_began_with_one() {
+        let paused = [cluster("a", true, true)];
+        let incomplete = MovePlan {
+            unmoved: vec![crate::moving::graph::Unmoved {
+                object: crate::format::ObjectRef { kind: "CustomResourceDefinition".into(), namespace: None, name: "servers.metal.ironcore.dev".into() },
+                reason: "2 Server will not move: the CRD servers.metal.ironcore.dev lacks the label clusterctl.cluster.x-k8s.io".into(),
+            }],
+            commands: vec!["kubectl label crd servers.metal.ironcore.dev clusterctl.cluster.x-k8s.io=".into()],
+        };
+        let note = move_hold(&paused, &incomplete).unwrap();
+        assert!(
+            note.contains("2 Server will not move") && note.contains("kubectl label crd servers.metal.ironcore.dev"),
+            "{note}"
+        );
+        assert_eq!(move_hold(&paused, &MovePlan::default()), None, "complete: the handshake goes on");
+        let held = [ClusterView { move_blocked: Some(note), ..cluster("a", true, true) }];
+        let again = move_hold(&held, &MovePlan::default()).unwrap();
+        assert!(again.contains("run it again"), "{again}");
+        let aborted = [ClusterView { paused: false, ..held[0].clone() }];
+        assert_eq!(move_hold(&aborted, &MovePlan::default()), None, "a new pause is judged afresh");
     }
 
     #[test]

@@ -427,6 +427,7 @@ mod tests {
             control_plane_initialized: cp,
             blocked_by_restatus: false,
             final_snapshot: None,
+            move_blocked: None,
         }
     }
 
