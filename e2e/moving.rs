@@ -1084,8 +1084,9 @@ fn by_kind(state: &State) -> BTreeMap<String, usize> {
 /// Issue 37 (F115), without restatus: metal-operator's CRDs as installed upstream (unlabelled),
 /// the real `clusterctl move`. It moves the CAPI objects and none of the fleet's: every BMC,
 /// Server and claim stays on the source, and the bound claims are deleted there by the garbage
-/// collector once clusterctl deletes their IroncoreMetalMachines: gone from both clusters.
-/// The collector's deletions are awaited (bounded, 60 s): it acts within seconds.
+/// collector once clusterctl deletes their IroncoreMetalMachines: gone from both clusters. The
+/// test bed runs no garbage collector (no kube-controller-manager): the claims whose every
+/// owner clusterctl deleted are counted, as the ones it deletes.
 #[tokio::test]
 async fn upstream_crds_leave_the_fleet_behind_and_lose_the_bound_claims() {
     let _moves = MOVES.lock().await;
@@ -1097,17 +1098,28 @@ async fn upstream_crds_leave_the_fleet_behind_and_lose_the_bound_claims() {
     fx.clusterctl_move();
     let target = fx.bed.target().await;
     let moved = by_kind(&fleet_state(&target, &fx.fleet.name).await);
+    // This test bed runs no kube-controller-manager, so no garbage collector: what it would
+    // delete is counted instead, the claims whose every owner clusterctl deleted.
     let claims = api(&source, "metal.ironcore.dev/v1alpha1", "ServerClaim", "serverclaims", Some(&fx.ns));
-    wait_for("the garbage collector to delete the bound claims on the source", Duration::from_secs(60), async || {
-        claims.list(&Default::default()).await.unwrap().items.len() == unbound
-    })
-    .await;
+    let infra = "infrastructure.cluster.x-k8s.io/v1alpha1";
+    let machines_left = api(&source, infra, "IroncoreMetalMachine", "ironcoremetalmachines", Some(&fx.ns));
+    assert!(machines_left.list(&Default::default()).await.unwrap().items.is_empty(), "clusterctl deleted them");
+    let orphaned = claims
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|c| c.metadata.owner_references.as_ref().is_some_and(|o| !o.is_empty()))
+        .count();
+    eprintln!("MEASURED without restatus: {orphaned} claims left on the source whose owner clusterctl deleted");
+    assert_eq!(orphaned, machines, "every bound claim: the garbage collector deletes it");
     let left = by_kind(&fleet_state(&source, &fx.fleet.name).await);
     eprintln!("MEASURED without restatus: before {before:?}, on the target {moved:?}, left on the source {left:?}");
     assert!(moved.is_empty(), "clusterctl moved none of the fleet: {moved:?}");
     assert_eq!(left.get("BMC"), Some(&servers));
     assert_eq!(left.get("Server"), Some(&servers));
-    assert_eq!(left.get("ServerClaim"), Some(&unbound), "the {machines} bound claims are gone from both clusters");
+    assert_eq!(left.get("ServerClaim"), Some(&(machines + unbound)), "every claim stayed (until collected)");
 }
 
 /// Issue 37 (F116), with restatus: from the same unlabelled CRDs, preflight names what the move
@@ -1132,7 +1144,7 @@ async fn restatus_names_what_the_move_would_leave_and_holds_it_until_labelled() 
         .iter()
         .map(|b| format!("{} {}: {}", b["kind"], b["name"], b["reason"]))
         .collect();
-    eprintln!("MEASURED preflight: {} reasons; label commands {}", reasons.len(), report["labelCommands"]);
+    eprintln!("MEASURED preflight: {} reasons; label commands {}", reasons.len(), report["label_commands"]);
     let collected = reasons.iter().filter(|r| r.contains("deleted on the source by the garbage collector")).count();
     assert_eq!(collected, 5, "each bound claim named: {reasons:#?}");
     for kind in ["8 BMC will not move", "8 Server will not move", "1 ServerClaim will not move"] {
@@ -1169,10 +1181,15 @@ async fn restatus_names_what_the_move_would_leave_and_holds_it_until_labelled() 
     assert_eq!(annotation(&held, BLOCK_MOVE).as_deref(), Some("restatus"), "block-move stays");
     let note = annotation(&held, blocked).unwrap();
     assert!(note.contains("garbage collector") && note.contains("kubectl label"), "{note}");
-    let events = stdout(
-        &fx.bed.kubectl(&fx.bed.source_kubeconfig, &["-n", &fx.ns, "get", "events.events.k8s.io", "-o", "json"]),
-    );
-    assert!(events.contains("MoveBlocked") && events.contains("will not move"), "the Event says why");
+    let events = || {
+        let args = ["-n", &fx.ns, "get", "events.events.k8s.io", "-o", "json"];
+        stdout(&fx.bed.kubectl(&fx.bed.source_kubeconfig, &args))
+    };
+    wait_for("a MoveBlocked Event that says why", Duration::from_secs(30), async || {
+        let events = events();
+        events.contains("MoveBlocked") && events.contains("garbage collector")
+    })
+    .await;
     assert!(mover.try_wait().unwrap().is_none(), "clusterctl must be waiting");
     assert_eq!(by_kind(&fleet_state(&source, &fx.fleet.name).await).get("ServerClaim"), Some(&6), "no claim lost");
 

@@ -293,7 +293,7 @@ impl Handshake {
         for c in clusters.iter().filter(|c| c.paused) {
             if c.move_blocked.as_deref() != Some(note.as_str()) {
                 self.annotate_cluster(c, json!({ MOVE_BLOCKED_ANNOTATION: note })).await?;
-                self.event(c, EventType::Warning, "MoveBlocked", note.clone()).await;
+                self.event(c, EventType::Warning, "MoveBlocked", events::note(note.clone())).await;
             }
         }
         Ok(true)
