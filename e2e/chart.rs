@@ -1026,7 +1026,7 @@ async fn chart_source_role_sets_its_annotations_only() {
         vec!["delete", &server],
         vec!["get", "secrets", "-A"],
         vec!["get", "bmcsecrets.metal.ironcore.dev"],
-        vec!["-n", &ns, "get", "machines.cluster.x-k8s.io"],
+        vec!["-n", &ns, "get", "clusterclasses.cluster.x-k8s.io"],
     ]);
     bed.assert_denied(&kubeconfig, &denied);
     bed.assert_allowed(

@@ -65,11 +65,22 @@ pub(crate) fn condition(kind: &str) -> Value {
     json!({"type": kind, "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-01T00:00:00Z"})
 }
 
+/// The labels on metal-operator's CRDs are the shared bed's: a fixture that needs them as an
+/// upstream install leaves them (unlabelled) holds this for writing, every other fixture holds
+/// it for reading while it lives (taken after `MOVES`, by those that hold that too).
+static CRD_LABELS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+enum LabelGuard {
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'static, ()>),
+}
+
 struct Fixture {
     bed: Bed,
     ns: String,
     fleet: FleetSpec,
     storage: String,
+    _labels: LabelGuard,
 }
 
 impl Fixture {
@@ -77,15 +88,25 @@ impl Fixture {
     /// IroncoreMetalMachines and Bound ServerClaims, `servers` Servers and BMCs (Reserved,
     /// Available, Maintenance), and Unbound ServerClaims.
     async fn new(servers: usize, machines: usize, unbound: usize) -> Fixture {
-        let fx = Fixture::unlabelled(servers, machines, unbound).await;
+        let fx = Fixture::made(servers, machines, unbound, false).await;
         fx.label_as_preflight_says();
         fx
     }
 
-    /// The fixture, with no label restatus asks for.
+    /// The fixture, with metal-operator's CRDs unlabelled (any label an earlier test put on
+    /// them removed: only under `MOVES`, and a test that moves nothing may meet them so) and no
+    /// label restatus asks for.
     async fn unlabelled(servers: usize, machines: usize, unbound: usize) -> Fixture {
+        Fixture::made(servers, machines, unbound, true).await
+    }
+
+    async fn made(servers: usize, machines: usize, unbound: usize, unlabel: bool) -> Fixture {
+        let labels = match unlabel {
+            true => LabelGuard::Alone(CRD_LABELS.write().await),
+            false => LabelGuard::Shared(CRD_LABELS.read().await),
+        };
         let bed = Bed::get();
-        prepare_upstream_clusters(&bed);
+        prepare_upstream_clusters(&bed, unlabel);
         let ns = unique("capi");
         let fleet =
             FleetSpec { namespaces: vec![ns.clone()], ..FleetSpec::new(&unique("mv"), servers, servers, machines) };
@@ -170,7 +191,7 @@ impl Fixture {
             }), Some(json!({"phase": "Unbound"}))).await;
         }
         let storage = bed.storage(&fleet.name);
-        Fixture { bed, ns, fleet, storage }
+        Fixture { bed, ns, fleet, storage, _labels: labels }
     }
 
     /// `restatus preflight --label-commands` on the source: the commands it prints.
@@ -302,22 +323,18 @@ const METAL_CRDS: &[&str] = &[
     "bmcsecrets.metal.ironcore.dev",
 ];
 
-/// Both clusters as `clusterctl init` and an upstream metal-operator install leave them: the
-/// providers' CRDs labelled and their inventory, metal-operator's CRDs without clusterctl's
-/// labels (any an earlier test put on them removed).
-pub(crate) fn prepare_upstream_clusters(bed: &Bed) {
-    prepare_clusters(bed);
-    for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig] {
+/// Both clusters as `clusterctl init` leaves them (the providers' CRDs labelled, their
+/// inventory) and, with `unlabel`, metal-operator's CRDs as its install leaves them: without
+/// clusterctl's labels (any an earlier test put on them removed).
+pub(crate) fn prepare_upstream_clusters(bed: &Bed, unlabel: bool) {
+    prepare_providers(bed);
+    for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig].into_iter().filter(|_| unlabel) {
         let mut args = vec!["label", "crd"];
         args.extend(METAL_CRDS);
         args.extend(["clusterctl.cluster.x-k8s.io-", "clusterctl.cluster.x-k8s.io/move-"]);
         let out = bed.kubectl(kubeconfig, &args);
         let text = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success() || text.contains("not found"), "unlabel metal-operator CRDs: {text}");
-        let mut args = vec!["label", "--overwrite", "crd"];
-        args.extend(CLUSTERCTL_CRDS);
-        args.push("clusterctl.cluster.x-k8s.io=");
-        assert_success(&bed.kubectl(kubeconfig, &args), "label CRDs as clusterctl init does");
     }
 }
 
@@ -325,25 +342,23 @@ pub(crate) fn prepare_upstream_clusters(bed: &Bed) {
 /// and metal-operator's CRDs labelled by hand (e2e/operator.rs; the moving tests start from
 /// [`prepare_upstream_clusters`] and label what restatus asks for).
 pub(crate) fn prepare_clusters(bed: &Bed) {
+    prepare_providers(bed);
     for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig] {
-        let crds = [
-            "clusters.cluster.x-k8s.io",
-            "machines.cluster.x-k8s.io",
-            "clusterclasses.cluster.x-k8s.io",
-            "ironcoremetalclusters.infrastructure.cluster.x-k8s.io",
-            "ironcoremetalmachines.infrastructure.cluster.x-k8s.io",
-            "ironcoremetalmachinetemplates.infrastructure.cluster.x-k8s.io",
-            "servers.metal.ironcore.dev",
-            "bmcs.metal.ironcore.dev",
-            "serverclaims.metal.ironcore.dev",
-            "serverbootconfigurations.metal.ironcore.dev",
-            "endpoints.metal.ironcore.dev",
-            "bmcsecrets.metal.ironcore.dev",
-        ];
         let mut args = vec!["label", "--overwrite", "crd"];
-        args.extend(crds);
+        args.extend(CLUSTERCTL_CRDS.iter().chain(METAL_CRDS));
         args.push("clusterctl.cluster.x-k8s.io=");
         assert_success(&bed.kubectl(kubeconfig, &args), "label CRDs");
+    }
+}
+
+/// The providers' CRDs labelled and their inventory, on both clusters, as `clusterctl init`
+/// leaves them.
+fn prepare_providers(bed: &Bed) {
+    for kubeconfig in [&bed.source_kubeconfig, &bed.target_kubeconfig] {
+        let mut args = vec!["label", "--overwrite", "crd"];
+        args.extend(CLUSTERCTL_CRDS);
+        args.push("clusterctl.cluster.x-k8s.io=");
+        assert_success(&bed.kubectl(kubeconfig, &args), "label CRDs as clusterctl init does");
         let providers = r#"
 apiVersion: v1
 kind: Namespace
@@ -803,10 +818,15 @@ async fn the_source_role_rbac_is_sufficient_and_nothing_more() {
         vec!["delete", &server],
         vec!["get", "secrets", "-A"],
         vec!["get", "bmcsecrets.metal.ironcore.dev"],
-        vec!["-n", ns, "get", "machines.cluster.x-k8s.io"],
+        // The move set reads CRDs one by one and lists owner kinds, nothing more.
+        vec!["get", "customresourcedefinitions"],
+        vec!["-n", ns, "get", "clusterclasses.cluster.x-k8s.io"],
+        vec!["-n", ns, "get", "machines.cluster.x-k8s.io", "-o", "name", "--watch-only", "--request-timeout=1s"],
     ]);
     bed.assert_denied(&kubeconfig, &denied);
     let allowed = [
+        vec!["get", "customresourcedefinitions", "servers.metal.ironcore.dev"],
+        vec!["-n", ns, "get", "machines.cluster.x-k8s.io"],
         merge_patch(
             Some(ns),
             cluster,
@@ -818,6 +838,8 @@ async fn the_source_role_rbac_is_sufficient_and_nothing_more() {
             r#"{"metadata":{"annotations":{"clusterctl.cluster.x-k8s.io/block-move":null}}}"#,
         ),
         merge_patch(None, &server, QUIESCE_PATCH),
+        merge_patch(Some(ns), cluster, r#"{"metadata":{"annotations":{"restatus.ironcore.dev/move-blocked":"why"}}}"#),
+        merge_patch(Some(ns), cluster, r#"{"metadata":{"annotations":{"restatus.ironcore.dev/move-blocked":null}}}"#),
     ];
     bed.assert_allowed(&kubeconfig, &allowed);
     for object in [format!("bmcs.metal.ironcore.dev/{}", fx.fleet.bmc_name(0)), server] {
