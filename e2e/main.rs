@@ -12,6 +12,7 @@ mod metrics;
 mod moving;
 mod operator;
 mod plugin;
+mod proxy;
 mod readonly;
 mod restore;
 mod s3;

@@ -52,10 +52,49 @@ async fn run() -> ExitCode {
             // Printed once: a JSON log line with `--log-format json` (stderr stays pure JSON),
             // a plain `error:` line otherwise.
             match log_format {
-                LogFormat::Json => tracing::error!(error = %format!("{e:#}"), "command failed"),
-                LogFormat::Plain => eprintln!("error: {e:#}"),
+                LogFormat::Json => tracing::error!(error = %chain(&e), "command failed"),
+                LogFormat::Plain => eprintln!("error: {}", chain(&e)),
             }
             ExitCode::from(failure)
         }
+    }
+}
+
+/// An error and its causes, as `{:#}` prints them, each once: a cause whose text the message
+/// so far already ends with (a library error that prints its source, then names it as its
+/// source) is not repeated.
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("Kubernetes API: build client: {source}")]
+    struct Prints {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_the_message_already_ends_with_is_printed_once() {
+        let inner = std::io::Error::other("configured proxy refused");
+        let e = anyhow::Error::new(Prints { source: inner }).context("restore");
+        assert_eq!(chain(&e), "restore: Kubernetes API: build client: configured proxy refused");
+        let plain = anyhow::anyhow!("no snapshot").context("restore");
+        assert_eq!(chain(&plain), "restore: no snapshot");
     }
 }

@@ -13,10 +13,12 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 use tower::{BoxError, Layer, Service};
+use tracing::debug;
 
 use crate::domain::identity::Profile;
 use crate::k8s::leader::{Fence, LeaseTiming, NotLeading};
 use crate::k8s::limit::{LimitLayer, WriteLimit};
+use crate::k8s::proxy;
 use crate::{Error, Result};
 
 /// What restatus calls itself to an API server: `restatus/<version>`.
@@ -90,21 +92,35 @@ pub async fn lease_client(
 /// The configuration every client of restatus starts from.
 async fn config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube::Config> {
     let options = KubeConfigOptions { context: context.map(str::to_string), ..Default::default() };
-    let mut config = match kubeconfig {
+    let (mut config, file, path) = match kubeconfig {
         Some(path) => {
             let err = |reason: String| Error::Kubeconfig { path: path.to_path_buf(), reason };
             let file = Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(file, &options).await.map_err(|e| err(e.to_string()))?
+            let config =
+                kube::Config::from_custom_kubeconfig(file.clone(), &options).await.map_err(|e| err(e.to_string()))?;
+            (config, Some(file), path.to_path_buf())
         }
-        None => match context {
-            None => kube::Config::infer()
-                .await
-                .map_err(|e| Error::Kubeconfig { path: "(inferred)".into(), reason: e.to_string() })?,
-            Some(_) => kube::Config::from_kubeconfig(&options)
-                .await
-                .map_err(|e| Error::Kubeconfig { path: "(default)".into(), reason: e.to_string() })?,
-        },
+        None => {
+            let config = match context {
+                None => kube::Config::infer()
+                    .await
+                    .map_err(|e| Error::Kubeconfig { path: "(inferred)".into(), reason: e.to_string() })?,
+                Some(_) => kube::Config::from_kubeconfig(&options)
+                    .await
+                    .map_err(|e| Error::Kubeconfig { path: "(default)".into(), reason: e.to_string() })?,
+            };
+            // In a pod without a kubeconfig there is none, and no proxy-url.
+            (config, Kubeconfig::read().ok(), "(default)".into())
+        }
     };
+    // The proxy is restatus's choice, not kube's (see `proxy`).
+    let explicit = file.as_ref().and_then(|file| proxy_url_of(file, context, &config.cluster_url));
+    let proxy = proxy::choose(&config.cluster_url, explicit.as_deref(), &proxy::ProxyEnv::from_env())
+        .map_err(|reason| Error::Kubeconfig { path, reason })?;
+    if let Some(proxy) = &proxy {
+        debug!(proxy = %proxy::redacted(&proxy.url.to_string()), from = proxy.source, "the API server is reached through a proxy");
+    }
+    config.proxy_url = proxy.map(|proxy| proxy.url);
     // Named in the API server's audit log (`userAgent`), as kubectl and client-go are.
     config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     config.connect_timeout = Some(Duration::from_secs(10));
@@ -120,6 +136,16 @@ async fn config(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<kube
     // clonable one.
     config.default_retry = false;
     Ok(config)
+}
+
+/// The `proxy-url` of the kubeconfig cluster `context` (else the current context) names, if
+/// that cluster is the one `server` came from.
+fn proxy_url_of(file: &Kubeconfig, context: Option<&str>, server: &http::Uri) -> Option<String> {
+    let name = context.or(file.current_context.as_deref())?;
+    let context = file.contexts.iter().find(|c| c.name == name)?.context.as_ref()?;
+    let cluster = file.clusters.iter().find(|c| c.name == context.cluster)?.cluster.as_ref()?;
+    let same = cluster.server.as_deref().and_then(|s| s.parse::<http::Uri>().ok()).is_some_and(|s| &s == server);
+    same.then(|| cluster.proxy_url.clone()).flatten()
 }
 
 /// Spawns the client's connection tasks (hyper's: they write requests to the socket and read

@@ -8,6 +8,7 @@ pub mod leader;
 pub mod limit;
 pub mod limiter;
 pub mod list;
+pub mod proxy;
 pub mod watch;
 pub mod writer;
 
