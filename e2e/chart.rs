@@ -14,6 +14,8 @@ use restatus::domain::identity::Profile;
 use restatus::fleet::{self, FLEET_LABEL, FleetSpec};
 use serde_json::{Value, json};
 
+mod fits;
+
 use crate::bed::{
     Bed, QUIESCE_PATCH, TARGET, assert_success, foreign_patches, merge_patch, records, stderr, stdout, unique,
 };

@@ -70,7 +70,10 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $ := index . 0 }}
 {{- $roleName := index . 1 }}
 {{- $role := index $.Values $roleName -}}
-serviceAccountName: {{ include "restatus.roleName" . }}
+serviceAccountName: {{ include "restatus.serviceAccountName" . }}
+{{- with (default $.Values.priorityClassName $role.priorityClassName) }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with $.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -293,14 +296,20 @@ securityContext:
   {{- toYaml $.Values.securityContext | nindent 2 }}
 {{- end }}
 
-{{/* restatus.serviceAccount (list $ "controller") */}}
+{{/* restatus.serviceAccount (list $ "controller"): the role's ServiceAccount, unless it is not
+to be created (its serviceAccount.create, else serviceAccount.create). */}}
 {{- define "restatus.serviceAccount" -}}
 {{- $ := index . 0 }}
 {{- $role := index $.Values (index . 1) -}}
+{{- $create := $role.serviceAccount.create }}
+{{- if kindIs "invalid" $create }}
+{{- $create = $.Values.serviceAccount.create }}
+{{- end }}
+{{- if $create -}}
 apiVersion: v1
 kind: ServiceAccount
 metadata:
-  name: {{ include "restatus.roleName" . }}
+  name: {{ include "restatus.serviceAccountName" . }}
   namespace: {{ $.Release.Namespace }}
   labels:
     {{- include "restatus.roleLabels" . | nindent 4 }}
@@ -308,6 +317,32 @@ metadata:
   annotations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* restatus.serviceAccountName (list $ "controller"): the ServiceAccount a role runs as, which
+its RBAC bindings and admission policy name: the role's serviceAccount.name, else
+serviceAccount.name when this is the one role enabled, else the role's name. */}}
+{{- define "restatus.serviceAccountName" -}}
+{{- $ := index . 0 }}
+{{- $name := (index $.Values (index . 1)).serviceAccount.name }}
+{{- if and (not $name) $.Values.serviceAccount.name }}
+{{- $enabled := list }}
+{{- range $r := list "backup" "controller" "source" "journal" }}
+{{- if (index $.Values $r).enabled }}
+{{- $enabled = append $enabled $r }}
+{{- end }}
+{{- end }}
+{{- if gt (len $enabled) 1 }}
+{{- fail (printf "serviceAccount.name names one ServiceAccount, but %s are enabled and each runs as its own (least privilege): set %s.serviceAccount.name instead" (join ", " $enabled) (join ".serviceAccount.name, " $enabled)) }}
+{{- end }}
+{{- $name = $.Values.serviceAccount.name }}
+{{- end }}
+{{- $name = default (include "restatus.roleName" .) $name }}
+{{- if eq $name "default" }}
+{{- fail (printf "%s: the ServiceAccount \"default\" is every namespace's, and the admission policies match a ServiceAccount by name in any namespace: name one only restatus uses" (index . 1)) }}
+{{- end }}
+{{- $name }}
 {{- end }}
 
 {{/* The built-in metal-operator profile's kinds (in the order manifests/ lists them). */}}
@@ -504,6 +539,9 @@ metadata:
     {{- include "restatus.roleLabels" . | nindent 4 }}
 spec:
   maxUnavailable: {{ $role.podDisruptionBudget.maxUnavailable }}
+  {{- with $role.podDisruptionBudget.unhealthyPodEvictionPolicy }}
+  unhealthyPodEvictionPolicy: {{ . }}
+  {{- end }}
   selector:
     matchLabels:
       {{- include "restatus.selectorLabels" . | nindent 6 }}
@@ -524,5 +562,17 @@ changed profile rolls the Deployments (restatus reads it at start); nothing for 
 {{- define "restatus.profileAnnotation" -}}
 {{- if (include "restatus.customProfile" . | fromJson) }}
 restatus.ironcore.dev/profile-sha256: {{ include "restatus.customProfile" . | sha256sum | quote }}
+{{- end }}
+{{- end }}
+
+{{/* restatus.podChecksums (list $ "controller"): pod annotations that roll a Deployment when what
+its pods read at start changes: the custom profile, and the S3 Secret when the chart makes it
+(s3.accessKeyId/secretAccessKey) and the role uses it. A Secret of the user's (existingSecret)
+is not the chart's to watch: restart the Deployments after changing it. */}}
+{{- define "restatus.podChecksums" -}}
+{{- $ := index . 0 }}
+{{- include "restatus.profileAnnotation" $ }}
+{{- if eq (include "restatus.s3Secret" .) (include "restatus.roleName" (list $ "s3")) }}
+restatus.ironcore.dev/s3-secret-sha256: {{ include (print $.Template.BasePath "/secret.yaml") $ | sha256sum | quote }}
 {{- end }}
 {{- end }}
