@@ -1279,7 +1279,7 @@ fn wait_established(bed: &Bed, kubeconfig: &std::path::Path, name: &str) {
 }
 
 /// Installs a CustomResourceDefinition (JSON) on one cluster and waits until it is established.
-fn install_crd(bed: &Bed, kubeconfig: &std::path::Path, crd: &serde_json::Value) {
+pub(crate) fn install_crd(bed: &Bed, kubeconfig: &std::path::Path, crd: &serde_json::Value) {
     let name = crd["metadata"]["name"].as_str().unwrap();
     let file = bed.scratch.path().join(format!("crd-{name}-{}.json", unique("v")));
     std::fs::write(&file, crd.to_string()).unwrap();

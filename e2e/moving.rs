@@ -1243,3 +1243,82 @@ async fn restatus_names_what_the_move_would_leave_and_holds_it_until_labelled() 
     let _ = Command::new("kill").arg("-TERM").arg(handshake.id().to_string()).status();
     assert!(handshake.wait().unwrap().success());
 }
+
+/// Issue 37, item 5: a custom profile's own kinds get the move-set check too. `Widget`, a kind
+/// of the user's own whose CRD is installed as its chart would (unlabelled), is named by
+/// preflight with the command that fixes it; `Gadget`, marked `moves: false` in the profile (a
+/// kind its controller rebuilds on the target), is neither named nor labelled. After the
+/// printed commands, nothing of the profile blocks the move.
+#[tokio::test]
+async fn a_custom_profile_kind_gets_the_move_check_and_moves_false_exempts_one() {
+    let _moves = MOVES.lock().await;
+    let fx = Fixture::new(2, 1, 0).await;
+    let group = format!("{}.e2e.restatus.dev", fx.fleet.name);
+    let preserve = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    let namespaced_crd = |kind: &str, plural: &str| {
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.{group}")},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                     "versions": [{"name": "v1", "served": true, "storage": true, "subresources": {"status": {}},
+                                   "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": preserve, "status": preserve}}}}]},
+        })
+    };
+    let mut profile = serde_json::to_value(restatus::domain::identity::Profile::metal_operator()).unwrap();
+    for (kind, plural, moves) in [("Widget", "widgets", true), ("Gadget", "gadgets", false)] {
+        crate::controller::install_crd(&fx.bed, &fx.bed.source_kubeconfig, &namespaced_crd(kind, plural));
+        let mut entry = json!({"group": group, "version": "v1", "kind": kind, "plural": plural, "namespaced": true});
+        if !moves {
+            entry["moves"] = json!(false);
+        }
+        profile["kinds"].as_array_mut().unwrap().push(entry);
+        let source = fx.bed.source().await;
+        let object = json!({"apiVersion": format!("{group}/v1"), "kind": kind,
+                            "metadata": {"name": "one", "namespace": fx.ns, "labels": {FLEET_LABEL: fx.fleet.name}}});
+        create(&source, plural, object, Some(json!({"phase": "Ready"}))).await;
+    }
+    let profile_file = fx.bed.scratch.path().join(format!("{}-profile.json", fx.fleet.name));
+    std::fs::write(&profile_file, profile.to_string()).unwrap();
+    let profile_arg = profile_file.to_str().unwrap();
+
+    let selector = fx.selector();
+    let preflight = |extra: &[&str]| {
+        let mut args = vec!["preflight", "--profile", profile_arg, "--selector", &selector];
+        args.extend(["--cluster-namespace", &fx.ns]);
+        args.extend(extra);
+        fx.bed.restatus(&fx.storage, &fx.fleet.name, &args)
+    };
+    let blockers = |kind: &str| -> Vec<String> {
+        let report: Value = serde_json::from_str(&stdout(&preflight(&["-o", "json"]))).expect("preflight -o json");
+        report["blockers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| format!("{} {}: {}", b["object"]["kind"], b["object"]["name"], b["reason"]))
+            .filter(|r| r.contains(&format!(" {kind} will not move")) || r.contains(&format!(" {kind} ")))
+            .collect()
+    };
+    let widgets = blockers("Widget");
+    eprintln!("MEASURED preflight with a custom profile: Widget {widgets:?}, Gadget {:?}", blockers("Gadget"));
+    assert!(
+        widgets.iter().any(|r| r.contains("will not move") && r.contains("clusterctl.cluster.x-k8s.io")),
+        "the user's own kind is checked like metal-operator's: {widgets:?}"
+    );
+    assert!(blockers("Gadget").is_empty(), "moves: false exempts the kind");
+    let commands: Vec<String> =
+        stdout(&preflight(&["--label-commands"])).lines().filter(|l| !l.is_empty()).map(str::to_string).collect();
+    assert!(commands.iter().any(|c| c.contains(&format!("widgets.{group}"))), "{commands:?}");
+    assert!(
+        !commands.iter().any(|c| c.contains("gadgets")),
+        "a kind that does not move is never labelled: {commands:?}"
+    );
+
+    for command in &commands {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let out = fx.bed.kubectl(&fx.bed.source_kubeconfig, &words[1..]);
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() || text.contains("already has a value"), "{command}: {text}");
+    }
+    assert!(blockers("Widget").is_empty(), "after the printed commands the Widget moves");
+}

@@ -402,6 +402,23 @@ kinds:
     }
 
     #[test]
+    fn a_kind_moves_unless_the_profile_says_moves_false() {
+        let profile = Profile::parse(
+            "p.yaml",
+            r#"
+name: widgets
+kinds:
+  - {group: example.com, version: v1, kind: Widget, plural: widgets}
+  - {group: example.com, version: v1, kind: Gadget, plural: gadgets, moves: false}
+"#,
+        )
+        .unwrap();
+        assert!(profile.kind("Widget").unwrap().moves);
+        assert!(!profile.kind("Gadget").unwrap().moves);
+        assert!(Profile::metal_operator().kinds.iter().all(|k| k.moves), "every built-in kind moves");
+    }
+
+    #[test]
     fn initial_statuses_per_kind() {
         let profile = Profile::metal_operator();
         let server = profile.kind("Server").unwrap();
