@@ -206,14 +206,19 @@ impl Fixture {
     /// label another fixture put on a shared CRD in between is there already: that is fine.
     fn label_as_preflight_says(&self) -> Vec<String> {
         let commands = self.preflight_label_commands();
-        for command in &commands {
+        self.run_label_commands(&commands);
+        commands
+    }
+
+    /// Runs `kubectl label` commands restatus printed on the source, as a user would.
+    fn run_label_commands(&self, commands: &[String]) {
+        for command in commands {
             let words: Vec<&str> = command.split_whitespace().collect();
             assert_eq!(words[0], "kubectl", "{command}");
             let out = self.bed.kubectl(&self.bed.source_kubeconfig, &words[1..]);
             let text = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success() || text.contains("already has a value"), "{command}: {text}");
         }
-        commands
     }
 
     fn selector(&self) -> String {
@@ -1314,11 +1319,6 @@ async fn a_custom_profile_kind_gets_the_move_check_and_moves_false_exempts_one()
         "a kind that does not move is never labelled: {commands:?}"
     );
 
-    for command in &commands {
-        let words: Vec<&str> = command.split_whitespace().collect();
-        let out = fx.bed.kubectl(&fx.bed.source_kubeconfig, &words[1..]);
-        let text = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() || text.contains("already has a value"), "{command}: {text}");
-    }
+    fx.run_label_commands(&commands);
     assert!(blockers("Widget").is_empty(), "after the printed commands the Widget moves");
 }
