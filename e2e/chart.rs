@@ -1347,3 +1347,72 @@ async fn chart_custom_profile_kinds_are_granted_and_guarded_like_the_built_in_on
     assert_success(&out, "restore with the custom profile as the chart's controller ServiceAccount");
     assert_eq!(state(), "Ready", "the Widget's status restored:\n{}{}", stdout(&out), stderr(&out));
 }
+
+/// F160 (issue 38, item 8): the source's fleet deleted by accident, then a day of the chart's
+/// backup CronJob (its rendered arguments: `keepLast: 48`, `maxAge: 14d`, `maxRecordDrop: 50`).
+/// The first capture after the deletion is written but marked and exits 4, every one after it
+/// too (the drop is not acknowledged), and retention (in each backup and in a `snapshots prune`
+/// with the chart's defaults) keeps the last snapshot that held the fleet; a person deleting it
+/// by hand (refused without `--force`, naming the drop) acknowledges the drop, and the next
+/// backup exits 0. Before: 48 empty snapshots later every snapshot of the fleet was gone.
+#[tokio::test]
+async fn chart_backups_keep_the_snapshot_before_a_drop_in_records() {
+    let bed = Bed::get();
+    let backup = objects(&render("restatus", &sets(&only("backup"))));
+    let container = &pod_spec(&backup, "CronJob", "backup")["containers"][0];
+    let mut args: Vec<String> =
+        container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+    for default in ["--keep-last=48", "--max-age=14d", "--max-record-drop=50"] {
+        assert!(args.iter().any(|a| a == default), "{default} not in the CronJob's {args:?}");
+    }
+    // The test's own fleet: the shared source holds other tests' objects.
+    let spec = FleetSpec::new(&unique("drop"), 4, 2, 2);
+    fleet::create(&bed.source().await, &spec, 8).await.expect("create fleet");
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    args.extend(["--selector".to_string(), selector.clone()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let storage = bed.storage("drop");
+    let cluster = "drop";
+    let store = bed.store(&storage, cluster);
+    let backup = |expect: i32| {
+        let out = bed.restatus(&storage, cluster, &args);
+        assert_eq!(out.status.code(), Some(expect), "backup: {}", stderr(&out));
+        stdout(&out).trim().to_string()
+    };
+    let good = backup(0);
+
+    for kinds in ["servers,bmcs", "serverclaims"] {
+        let out = bed.kubectl(&bed.source_kubeconfig, &["delete", kinds, "-A", "-l", &selector, "--wait=true"]);
+        assert_success(&out, &format!("delete the fleet's {kinds}"));
+    }
+    let first = backup(4);
+    let (manifest, captured) = records(&store, &first).await;
+    assert!(captured.is_empty(), "{captured:?}");
+    let drop = manifest.record_drop.expect("the capture after the deletion is marked");
+    let held = records(&store, &good).await.0.payload.records;
+    assert!(held >= 8, "the fleet's 4 Servers, 2 BMCs and 2 claims at least: {held}");
+    assert_eq!((drop.previous.as_str(), drop.previous_records, drop.threshold_percent), (good.as_str(), held, 50));
+    // A day of the schedule: 48 captures after the deletion, each marked against the good one.
+    for _ in 1..48 {
+        backup(4);
+    }
+    let ids = || async { store.list().await.unwrap().into_iter().map(|e| e.id.to_string()).collect::<Vec<_>>() };
+    let left = ids().await;
+    assert_eq!(left.len(), 49, "48 marked ones and the good one: {left:?}");
+    assert_eq!(left[0], good, "the good snapshot survives a day of empty captures");
+    let prune = bed.restatus(&storage, cluster, &["snapshots", "prune", "--keep-last", "48", "--max-age", "14d"]);
+    assert_success(&prune, "prune with the chart's defaults");
+    assert!(stderr(&prune).contains(&format!("drop in records that snapshot {first} marks")), "{}", stderr(&prune));
+    assert_eq!(ids().await[0], good, "prune keeps it too");
+
+    // A person decides the drop was meant: deleting the good one is refused without --force.
+    let refused = bed.restatus(&storage, cluster, &["snapshots", "delete", &good]);
+    assert!(
+        !refused.status.success() && stderr(&refused).contains("last snapshot before the drop"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_success(&bed.restatus(&storage, cluster, &["snapshots", "delete", &good, "--force"]), "delete by hand");
+    let after = backup(0);
+    assert_eq!(records(&store, &after).await.0.record_drop, None, "acknowledged: no mark");
+}

@@ -136,6 +136,7 @@ pub fn snapshot(records: &[Record]) -> NewSnapshot<'_> {
         recipients: None,
         key: None,
         captured_from: None,
+        record_drop: None,
     }
 }
 
@@ -148,6 +149,7 @@ pub struct NewSnapshot<'a> {
     recipients: Option<&'a Recipients>,
     key: Option<&'a SigningKey>,
     captured_from: Option<&'a str>,
+    record_drop: Option<crate::format::RecordDrop>,
 }
 
 impl<'a> NewSnapshot<'a> {
@@ -181,6 +183,16 @@ impl<'a> NewSnapshot<'a> {
         NewSnapshot { captured_from: Some(uid), ..self }
     }
 
+    /// Marked as a drop in records against `previous` (which held `records`).
+    pub fn dropped_from(self, previous: &Manifest) -> Self {
+        let drop = crate::format::RecordDrop {
+            previous: previous.snapshot_id.clone(),
+            previous_records: previous.payload.records,
+            threshold_percent: crate::format::RecordDrop::DEFAULT_THRESHOLD_PERCENT,
+        };
+        NewSnapshot { record_drop: Some(drop), ..self }
+    }
+
     /// Writes the payload, then the manifest; the manifest written.
     pub async fn write(self, store: &crate::store::SnapshotStore) -> Manifest {
         let id = SnapshotId::new(self.at);
@@ -190,6 +202,7 @@ impl<'a> NewSnapshot<'a> {
             .expect("payload written");
         let mut manifest = Manifest::new(store.cluster_id(), id, self.at, self.profile, self.capture, summary);
         manifest.captured_from = self.captured_from.map(String::from);
+        manifest.record_drop = self.record_drop;
         match self.key {
             Some(key) => store.put_signed_manifest(&mut manifest, key).await.expect("signed manifest written"),
             None => store.put_manifest(&manifest).await.expect("manifest written"),

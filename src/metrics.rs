@@ -31,6 +31,10 @@ pub struct NewestSnapshotMetrics {
     pub records: Family<ClusterLabel, Gauge>,
     /// Payload bytes as stored (compressed).
     pub bytes: Family<ClusterLabel, Gauge>,
+    /// 1 when it is marked as a drop in records against the snapshot before (`recordDrop`),
+    /// else 0. Every capture after the drop stays marked until a person deletes the snapshot
+    /// before it, so this stays 1 until someone decides.
+    pub record_drop: Family<ClusterLabel, Gauge>,
 }
 
 impl NewestSnapshotMetrics {
@@ -55,20 +59,27 @@ impl NewestSnapshotMetrics {
             "Payload bytes (compressed, as stored) of the newest complete snapshot in the bucket",
             self.bytes.clone(),
         );
+        registry.register(
+            "snapshot_newest_record_drop",
+            "1 when the newest complete snapshot in the bucket is marked as a drop in records (recordDrop), else 0",
+            self.record_drop.clone(),
+        );
     }
 
     /// Sets the gauges of `cluster_id` from `manifest`, or to 0 when there is none.
     pub fn observe(&self, cluster_id: &str, manifest: Option<&Manifest>) {
         let label = ClusterLabel { cluster_id: cluster_id.to_string() };
-        let (at, consistent, records, bytes) = match manifest {
+        let (at, consistent, records, bytes, drop) = match manifest {
             Some(m) => (
                 m.created_at.as_millisecond() as f64 / 1000.0,
                 i64::from(m.is_consistent()),
                 i64::try_from(m.payload.records).unwrap_or(i64::MAX),
                 i64::try_from(m.payload.size).unwrap_or(i64::MAX),
+                i64::from(m.record_drop.is_some()),
             ),
-            None => (0.0, 0, 0, 0),
+            None => (0.0, 0, 0, 0, 0),
         };
+        self.record_drop.get_or_create(&label).set(drop);
         self.timestamp.get_or_create(&label).set(at);
         self.consistent.get_or_create(&label).set(consistent);
         self.records.get_or_create(&label).set(records);

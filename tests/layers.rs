@@ -25,9 +25,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("demo and bench (feature fleet)", &["fleet"]),
 ];
 
-/// Modules of the flows that are pure all the same (docs/ARCHITECTURE.md, "Pure and edge"): they
-/// import only from the pure layers and name no client, store or runtime.
-const PURE_IN_FLOWS: &[&str] = &["restore::plan", "controller::index", "journal::state"];
+/// Modules of the flows and edges that are pure all the same (docs/ARCHITECTURE.md, "Pure and
+/// edge"): they import only from the pure layers and name no client, store or runtime.
+const PURE_IN_FLOWS: &[&str] = &["restore::plan", "controller::index", "journal::state", "store::retention::plan"];
 
 /// The last pure layer in [`LAYERS`].
 const PURE_UP_TO: &str = "pure: domain";

@@ -495,27 +495,40 @@ async fn a_signed_snapshot_verifies_end_to_end_and_is_deleted_whole() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// F75: forged snapshots written after the last signed one (whoever can write the bucket can
-/// write many) never make retention delete it: with the keys (a backup's own signing key, or
-/// `--trusted-key`) the newest snapshot that verifies is the newest *signed* one, and it is
-/// kept whatever `keep_last` says; without keys it would be deleted.
+/// F75, F166, F167: forged snapshots written after the last signed one (whoever can write the
+/// bucket can write many) never make retention delete it: with the keys (a backup's own signing
+/// key, or `--trusted-key`) `keep_last` counts only signed snapshots, so the forgeries push
+/// nothing out (before: they counted, and only the newest signed one was kept); without keys,
+/// retention cannot tell a signed snapshot from a forgery and deletes none that says it is
+/// signed (before: `snapshots prune` without keys deleted the last signed one).
 #[tokio::test]
 async fn forged_snapshots_never_make_retention_delete_the_last_signed_one() {
     let key = SigningKey::generate();
     let trusted = TrustedKeys::new([key.public_key()]);
     let policy = RetentionPolicy { keep_last: Some(2), max_age: None };
-    for (keys, kept) in [(Some(&trusted), true), (None, false)] {
+    for keys in [Some(&trusted), None] {
         let store = store("c");
+        let older = write_signed(&store, "2026-11-30T07:00:00Z", &[server(1, r#"{"state":"Reserved"}"#)], &key).await;
         let signed = write_signed(&store, "2026-11-30T08:00:00Z", &[server(1, r#"{"state":"Reserved"}"#)], &key).await;
+        let mut forged = vec![];
         for minute in 0..3 {
-            write(&store, &format!("2026-11-30T09:0{minute}:00Z"), &[server(1, r#"{"state":"Available"}"#)]).await;
+            let at = format!("2026-11-30T09:0{minute}:00Z");
+            forged.push(write(&store, &at, &[server(1, r#"{"state":"Available"}"#)]).await.snapshot_id);
         }
         let plan = retention::apply(&store, policy, keys).await.unwrap();
         let left: Vec<_> = store.list().await.unwrap().into_iter().map(|e| e.id).collect();
-        assert_eq!(left.contains(&signed.snapshot_id), kept, "keys {:?}: {plan:?}", keys.is_some());
-        if kept {
-            assert_eq!(plan.kept.len(), 1, "{plan:?}");
-            assert!(plan.kept[0].reason.contains("newest verified consistent"), "{}", plan.kept[0].reason);
+        let context = format!("keys {:?}: {plan:?}", keys.is_some());
+        assert!(left.contains(&signed.snapshot_id) && left.contains(&older.snapshot_id), "{context}");
+        match keys {
+            // Two signed ones kept by keep_last; the forgeries newer than them do not count.
+            Some(_) => assert!(plan.deletions.is_empty() && plan.kept.is_empty(), "{context}"),
+            // The oldest unsigned one beyond the newest 2 goes; the signed ones stay, said so.
+            None => {
+                let deleted: Vec<_> = plan.deletions.iter().map(|d| d.id.clone()).collect();
+                assert_eq!(deleted, [forged[0].clone()], "{context}");
+                assert_eq!(plan.kept.len(), 2, "{context}");
+                assert!(plan.kept.iter().all(|k| k.reason.contains("without --trusted-key")), "{context}");
+            }
         }
     }
 }
@@ -557,13 +570,16 @@ async fn deleting_by_hand_removes_one_snapshot_whole_and_keeps_what_a_restore_us
     assert!(err.contains(&format!("/c/{missing}/")), "names where it looked: {err}");
     assert_eq!(ids().await, before, "a refusal deletes nothing");
 
-    // With keys the 07:00 one is not the newest signed; without keys the newest restorable one
-    // is the unsigned 10:00, so the signed 08:00 may go.
+    // With keys the 07:00 one is not the newest signed.
     let deleted = retention::delete_one(&store, &old, Some(&trusted), false).await.unwrap();
     let names: Vec<&str> = deleted.files.iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["manifest.json", "manifest.json.sig", "payload.jsonl.zst"]);
     assert!(deleted.complete && deleted.files.iter().all(|(_, size)| *size > 0), "{deleted:?}");
-    let deleted = retention::delete_one(&store, &signed, None, false).await.unwrap();
+    // Without keys the newest snapshot that says it is signed cannot be checked: refused
+    // unless forced (F167; before, deleted).
+    let err = refused(&signed, None).await;
+    assert!(err.contains("newest snapshot whose manifest says it is signed"), "{err}");
+    let deleted = retention::delete_one(&store, &signed, None, true).await.unwrap();
     assert_eq!(deleted.files.len(), 3, "the signature too: {deleted:?}");
     assert!(store.files(&signed).await.unwrap().is_empty());
     // Forced: the newest and the folder still being written.

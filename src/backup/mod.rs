@@ -15,8 +15,8 @@ use jiff::Timestamp;
 use object_store::buffered::BufWriter;
 use tracing::{info, warn};
 
-use crate::format::{Manifest, PayloadEncoder, PayloadSummary, SigningKey, SnapshotId};
-use crate::store::SnapshotStore;
+use crate::format::{Manifest, PayloadEncoder, PayloadSummary, RecordDrop, SigningKey, SnapshotId};
+use crate::store::{SnapshotStore, retention};
 use crate::{Error, Result};
 use capture::capture_into;
 
@@ -49,10 +49,20 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
             attempt += 1;
             continue;
         }
+        let baseline = drop_baseline(store, opts).await;
         let manifest = finish(client, store, upload, encoder, opts.signing_key.as_deref(), |summary| {
-            Manifest::new(store.cluster_id(), id.clone(), created_at, &opts.profile.name, capture, summary)
+            let records = summary.records;
+            let mut m = Manifest::new(store.cluster_id(), id.clone(), created_at, &opts.profile.name, capture, summary);
+            m.record_drop = baseline.and_then(|b| RecordDrop::judge(&b, records, opts.max_record_drop));
+            m
         });
         let manifest = manifest.await?;
+        if let Some(drop) = &manifest.record_drop {
+            warn!(snapshot = %id, records = manifest.payload.records, previous = %drop.previous,
+                previous_records = drop.previous_records, threshold_percent = drop.threshold_percent,
+                "snapshot written, marked: its records fell by more than the threshold against the snapshot \
+                 before; retention keeps that one until a person deletes it (`snapshots delete ID --force`)");
+        }
         if manifest.is_consistent() {
             info!(snapshot = %id, records = manifest.payload.records, bytes = manifest.payload.size,
                 signed_by = manifest.signed_by.as_ref().map(|k| k.as_str()),
@@ -62,6 +72,22 @@ pub async fn run(client: &kube::Client, store: &SnapshotStore, opts: &BackupOpti
                 "snapshot written, marked inconsistent: restore skips it unless --allow-inconsistent");
         }
         return Ok(manifest);
+    }
+}
+
+/// The snapshot a capture's record count is compared with ([`retention::drop_baseline`]),
+/// or none: a bucket that cannot be read here leaves the check out, with a warning (the
+/// backup itself matters more; writing it will say what is wrong with the bucket).
+async fn drop_baseline(store: &SnapshotStore, opts: &BackupOptions) -> Option<Manifest> {
+    if opts.max_record_drop >= 100 {
+        return None;
+    }
+    match retention::drop_baseline(store, opts.trusted.as_deref()).await {
+        Ok(baseline) => baseline,
+        Err(e) => {
+            warn!(error = %e, "cannot read the snapshot before to compare record counts; the drop check is left out");
+            None
+        }
     }
 }
 

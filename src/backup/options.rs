@@ -1,7 +1,7 @@
 //! What one backup takes: the profile, paging, capture attempts, signing and encryption.
 
 use crate::domain::identity::Profile;
-use crate::format::{Recipients, SigningKey};
+use crate::format::{Recipients, RecordDrop, SigningKey, TrustedKeys};
 use crate::k8s::{DEFAULT_PAGE_SIZE, PageRequest};
 
 #[derive(Debug, Clone)]
@@ -22,6 +22,12 @@ pub struct BackupOptions {
     pub signing_key: Option<std::sync::Arc<SigningKey>>,
     /// Encrypts each payload to these recipients (`--encrypt-to`); `None`: payloads are plain.
     pub recipients: Option<std::sync::Arc<Recipients>>,
+    /// A capture whose record count fell by more than this many percent against the snapshot
+    /// before it is written marked (`recordDrop`); 100 turns the check off.
+    pub max_record_drop: u8,
+    /// The keys the snapshot before is judged by (a forgery is no yardstick): the trusted keys
+    /// and the public half of the signing key. `None`: any complete snapshot.
+    pub trusted: Option<std::sync::Arc<TrustedKeys>>,
 }
 
 impl BackupOptions {
@@ -40,6 +46,8 @@ impl BackupOptions {
             progress: Default::default(),
             signing_key: None,
             recipients: None,
+            max_record_drop: RecordDrop::DEFAULT_THRESHOLD_PERCENT,
+            trusted: None,
         }
     }
 }

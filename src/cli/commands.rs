@@ -112,17 +112,17 @@ impl Opened {
 /// `backup`: one snapshot, then retention; its id at once for a table, a document after.
 async fn backup(g: &Global, opened: &Opened, args: BackupArgs, format: OutputFormat) -> Result<ExitCode> {
     let Opened { store, trusted } = opened;
-    let (client, mut options) = backup_setup(g, &args).await?;
+    let (client, mut options) = backup_setup(g, &args, trusted.as_deref()).await?;
     options.progress = ProgressHook::new(Arc::from(progress::for_stderr(g.progress_interval)));
     let manifest = backup::run(&client, store, &options).await.context("backup failed; no snapshot was written")?;
     let url = store.snapshot_url(&manifest.snapshot_id);
     info!(snapshot = %manifest.snapshot_id, url = %url, "backup written to {url}");
-    let code = backup_exit_code(manifest.is_consistent());
+    let code = backup_exit_code(&manifest);
     // A table prints the id at once (scripts read it), a document once retention ran.
     if format == OutputFormat::Table {
         println!("{}", manifest.snapshot_id);
     }
-    let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
+    let keys = options.trusted.as_deref().cloned();
     let (retention, failed) = match prune(store, args.retention.policy(), keys.as_ref(), format).await {
         Ok(retention) => (retention, None),
         Err(e) => (None, Some(e)),
@@ -159,9 +159,9 @@ async fn schedule(
         }
         None => None,
     };
-    let (client, options) = backup_setup(g, &args).await?;
+    let (client, options) = backup_setup(g, &args, trusted.as_deref()).await?;
     let policy = args.retention.policy();
-    let keys = run_keys(trusted.as_deref(), options.signing_key.as_deref());
+    let keys = options.trusted.as_deref().cloned();
     info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
     if let Err(e) = metrics.newest.refresh(store).await {
         warn!(error = %e, "cannot read the newest snapshot for the metrics");
@@ -231,20 +231,39 @@ async fn journal(g: &Global, opened: &Opened, args: JournalArgs) -> Result<()> {
 /// written (marked inconsistent) but a CronJob must fail so that its alerts fire.
 pub const EXIT_INCONSISTENT: u8 = 3;
 
-/// `backup`'s exit code once a snapshot is written: 0 consistent, [`EXIT_INCONSISTENT`] otherwise.
-fn backup_exit_code(consistent: bool) -> u8 {
-    if consistent { 0 } else { EXIT_INCONSISTENT }
+/// `backup`'s exit code once a snapshot is written and marked as a drop in records
+/// (`--max-record-drop`): retention keeps the snapshot before it, a person decides.
+pub const EXIT_RECORD_DROP: u8 = 4;
+
+/// `backup`'s exit code once a snapshot is written: [`EXIT_RECORD_DROP`] when it is marked as a
+/// drop in records, else 0 consistent, [`EXIT_INCONSISTENT`] otherwise.
+fn backup_exit_code(manifest: &restatus::format::Manifest) -> u8 {
+    match (manifest.record_drop.is_some(), manifest.is_consistent()) {
+        (true, _) => EXIT_RECORD_DROP,
+        (false, true) => 0,
+        (false, false) => EXIT_INCONSISTENT,
+    }
 }
 
-async fn backup_setup(g: &Global, args: &BackupArgs) -> Result<(kube::Client, BackupOptions)> {
+/// The options of a backup; `trusted`: the `--trusted-key`s, with the signing key's public
+/// half what the run judges the snapshots before by (retention, the drop in records).
+async fn backup_setup(
+    g: &Global,
+    args: &BackupArgs,
+    trusted: Option<&TrustedKeys>,
+) -> Result<(kube::Client, BackupOptions)> {
     let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
+    let signing_key = signing_key(&args.signing)?;
+    let trusted = run_keys(trusted, signing_key.as_deref()).map(Arc::new);
     let options = BackupOptions {
         page_size: args.page_size.max(1),
         selector: g.selector.clone(),
         zstd_level: args.zstd_level,
         capture_attempts: args.capture_attempts,
-        signing_key: signing_key(&args.signing)?,
+        signing_key,
         recipients: recipients(&args.encryption)?,
+        max_record_drop: args.max_record_drop,
+        trusted,
         ..BackupOptions::new(profile)
     };
     Ok((client, options))
@@ -314,13 +333,13 @@ async fn preflight(
     args: PreflightArgs,
     trusted: Option<&TrustedKeys>,
 ) -> Result<ExitCode> {
-    let (client, backup_options) = backup_setup(g, &args.backup).await?;
+    let (client, backup_options) = backup_setup(g, &args.backup, trusted).await?;
     let options = PreflightOptions {
         profile: backup_options.profile.clone(),
         selector: g.selector.clone(),
         freshness: !args.snapshot_when_ready,
         cluster_namespace: args.cluster_namespace.clone(),
-        trusted: run_keys(trusted, backup_options.signing_key.as_deref()).map(Arc::new),
+        trusted: backup_options.trusted.clone(),
     };
     let mut report = if args.wait {
         let mut progress = Progress::default();
@@ -727,12 +746,20 @@ pub async fn shutdown_signal() {
 mod tests {
     use super::*;
 
-    /// An inconsistent snapshot exits 3, distinct from 0 (complete) and 1/2 (failed, could not check).
+    /// An inconsistent snapshot exits 3, one marked as a drop in records 4, distinct from 0
+    /// (complete) and 1/2 (failed, could not check).
     #[test]
-    fn an_inconsistent_backup_exits_with_its_own_code() {
-        assert_eq!(backup_exit_code(true), 0);
-        assert_eq!(backup_exit_code(false), EXIT_INCONSISTENT);
-        assert!(![0, 1, 2].contains(&EXIT_INCONSISTENT));
+    fn an_inconsistent_backup_and_a_drop_in_records_exit_with_their_own_codes() {
+        let at = jiff::Timestamp::now();
+        let mut manifest = restatus::fixtures::manifest(restatus::format::SnapshotId::new(at), at);
+        assert_eq!(backup_exit_code(&manifest), 0);
+        manifest.consistency.as_mut().unwrap().consistent = false;
+        assert_eq!(backup_exit_code(&manifest), EXIT_INCONSISTENT);
+        let previous = restatus::format::SnapshotId::new(at);
+        manifest.record_drop =
+            Some(restatus::format::RecordDrop { previous, previous_records: 10, threshold_percent: 50 });
+        assert_eq!(backup_exit_code(&manifest), EXIT_RECORD_DROP);
+        assert!(![0, 1, 2, EXIT_INCONSISTENT].contains(&EXIT_RECORD_DROP));
     }
 
     fn parse(args: &[&str]) -> (Global, Command) {

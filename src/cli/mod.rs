@@ -184,6 +184,13 @@ pub struct BackupArgs {
     /// zstd level (1-19).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=19))]
     pub zstd_level: i32,
+    /// A capture whose record count fell by more than this many percent against the snapshot
+    /// before it (the fleet deleted by accident, a wrong selector) is written marked, the
+    /// backup exits 4, and retention keeps the snapshot before the drop until a person deletes
+    /// it. 100 turns the check off.
+    #[arg(long, env = "RESTATUS_MAX_RECORD_DROP", default_value_t = restatus::format::RecordDrop::DEFAULT_THRESHOLD_PERCENT,
+        value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub max_record_drop: u8,
     #[command(flatten)]
     pub retention: RetentionArgs,
     #[command(flatten)]
@@ -741,6 +748,25 @@ mod tests {
             "json",
         ]);
         assert!(cli.is_ok(), "an id parses");
+    }
+
+    #[test]
+    fn a_record_drop_threshold_is_a_percentage() {
+        let threshold =
+            |value: &str| match Cli::try_parse_from(["restatus", "backup", &format!("--max-record-drop={value}")]) {
+                Ok(Cli { command: Command::Backup { backup, .. }, .. }) => Ok(backup.max_record_drop),
+                Ok(_) => panic!("not a backup"),
+                Err(e) => Err(e.to_string()),
+            };
+        assert_eq!(threshold("0"), Ok(0));
+        assert_eq!(threshold("100"), Ok(100));
+        for bad in ["101", "-1", "50%", "lots"] {
+            assert!(threshold(bad).unwrap_err().contains("--max-record-drop"), "{bad}");
+        }
+        match Cli::try_parse_from(["restatus", "backup"]) {
+            Ok(Cli { command: Command::Backup { backup, .. }, .. }) => assert_eq!(backup.max_record_drop, 50),
+            _ => panic!("backup refused"),
+        }
     }
 
     #[test]

@@ -100,6 +100,46 @@ pub struct Manifest {
     /// `payload.size` and `payload.sha256` are then the ciphertext's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
+    /// Set when this capture holds far fewer records than the snapshot before it (an
+    /// accidental deletion on the source, a selector or profile gone wrong): written all the
+    /// same, but marked, and retention keeps `previous` until a person deletes it. Absent in
+    /// an ordinary capture (and before restatus 0.x wrote it; readers that do not know the
+    /// field ignore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_drop: Option<RecordDrop>,
+}
+
+/// A capture's record count fell sharply against the snapshot before it: which snapshot, by
+/// how much, against which threshold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordDrop {
+    /// The last snapshot before the drop: retention keeps it while this mark is in the bucket.
+    pub previous: SnapshotId,
+    /// Its records.
+    pub previous_records: u64,
+    /// The threshold crossed: the count fell by more than this many percent.
+    pub threshold_percent: u8,
+}
+
+impl RecordDrop {
+    /// The default threshold: a capture with less than half the records of the one before.
+    pub const DEFAULT_THRESHOLD_PERCENT: u8 = 50;
+
+    /// Whether `records` fell by more than `threshold_percent` against `previous`'s count
+    /// (100 and above: never). Pure.
+    pub fn judge(previous: &Manifest, records: u64, threshold_percent: u8) -> Option<RecordDrop> {
+        let before = previous.payload.records;
+        let kept_percent = 100u128.saturating_sub(u128::from(threshold_percent));
+        // records / before < (100 - threshold) / 100, in integers.
+        let dropped =
+            before > 0 && threshold_percent < 100 && u128::from(records) * 100 < u128::from(before) * kept_percent;
+        dropped.then(|| RecordDrop {
+            previous: previous.snapshot_id.clone(),
+            previous_records: before,
+            threshold_percent,
+        })
+    }
 }
 
 /// How far a snapshot's time may be ahead of the reader's clock before it counts as skewed.
@@ -197,6 +237,7 @@ impl Manifest {
             captured_from: None,
             signed_by: None,
             encryption: None,
+            record_drop: None,
         }
         .withheld_when_encrypted(payload.encryption)
     }
@@ -369,5 +410,31 @@ impl Encryption {
     /// The recipients, comma-separated, for messages.
     pub fn recipients_text(&self) -> String {
         self.recipients.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// F161 (issue 38, item 8): a drop by more than the threshold is marked, naming the
+    /// snapshot before; less, an empty snapshot before, or a threshold of 100 is not.
+    #[test]
+    fn a_record_count_that_fell_by_more_than_the_threshold_is_a_drop() {
+        let at: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        let mut previous = crate::fixtures::manifest(SnapshotId::new(at), at);
+        previous.payload.records = 150;
+        let drop = RecordDrop::judge(&previous, 0, 50).unwrap();
+        assert_eq!(
+            (drop.previous, drop.previous_records, drop.threshold_percent),
+            (previous.snapshot_id.clone(), 150, 50)
+        );
+        assert!(RecordDrop::judge(&previous, 74, 50).is_some(), "fell by 51%");
+        assert_eq!(RecordDrop::judge(&previous, 75, 50), None, "by exactly 50%");
+        assert_eq!(RecordDrop::judge(&previous, 149, 0).map(|d| d.threshold_percent), Some(0), "0: any fall");
+        assert_eq!(RecordDrop::judge(&previous, 0, 100), None, "100: never");
+        assert_eq!(RecordDrop::judge(&previous, 300, 50), None, "growth");
+        previous.payload.records = 0;
+        assert_eq!(RecordDrop::judge(&previous, 0, 0), None, "nothing to fall from");
     }
 }

@@ -24,7 +24,7 @@ pub use id::SnapshotId;
 pub use key::{IdentityKey, KeyDigest, digest};
 pub use manifest::{
     CLOCK_SKEW_TOLERANCE, CaptureSummary, Consistency, Encryption, FormatVersion, Inconsistency, KeyConflict,
-    KindCount, Manifest, ObjectRef, PayloadInfo, PayloadSummary, Skipped, Withheld, is_ahead_of,
+    KindCount, Manifest, ObjectRef, PayloadInfo, PayloadSummary, RecordDrop, Skipped, Withheld, is_ahead_of,
 };
 pub use names::Names;
 pub use payload::{FRAME_BYTES, PayloadEncoder, decode_records};

@@ -185,6 +185,7 @@ impl SegmentHeader {
             captured_from: None,
             signed_by: None,
             encryption: self.encryption.clone(),
+            record_drop: None,
         }
     }
 }

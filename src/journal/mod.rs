@@ -486,6 +486,9 @@ async fn fold(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest) -> 
     let mut manifest =
         Manifest::new(store.cluster_id(), id.clone(), folded.created_at, &base.profile, folded.capture, payload);
     manifest.captured_from = base.captured_from.clone();
+    // A drop in records not yet acknowledged stays marked: retention keeps the snapshot
+    // before it, and the alert goes on, whether a backup or a fold wrote the newest snapshot.
+    manifest.record_drop = base.record_drop.clone();
     store.finish_snapshot(store.payload_writer(&id), &bytes, &mut manifest, opts.signing_key.as_deref()).await?;
     Ok(Some(manifest))
 }
