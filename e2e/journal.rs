@@ -247,13 +247,14 @@ async fn the_journal_carries_changes_after_the_snapshot_through_a_move() {
 
     // The move, then the restore: every status as the source has it, the later changes too.
     simulate_move(&source, &bed.target().await, &spec.name, &|n| n.to_string()).await;
-    let restore = |extra: &[&str]| {
+    let restore_exits = |extra: &[&str], code: i32| {
         let mut args = vec!["restore", "--selector", &selector, "-o", "json"];
         args.extend(extra);
         let out = bed.restatus_with(&bed.target_kubeconfig, &storage, &cluster, &args, &[]);
-        assert_success(&out, "restore");
+        assert_eq!(out.status.code(), Some(code), "restore: {}", stderr(&out));
         (serde_json::from_str::<Value>(&stdout(&out)).expect("restore -o json"), stderr(&out))
     };
+    let restore = |extra: &[&str]| restore_exits(extra, 0);
     let (report, _) = restore(&[]);
     assert_eq!(report["snapshot"], base.as_str());
     let point = &report["restoredTo"];
@@ -280,7 +281,9 @@ async fn the_journal_carries_changes_after_the_snapshot_through_a_move() {
     )
     .await
     .unwrap();
-    let (report, err) = restore(&["--dry-run"]);
+    // F162 (issue 38, item 9): an older point than the bucket shows is exit 5 and `behind`,
+    // never a silent 0.
+    let (report, err) = restore_exits(&["--dry-run"], 5);
     let point = &report["restoredTo"];
     assert_eq!(point["segmentsApplied"], written as u64, "{point}");
     let gap = point["gap"].as_str().unwrap_or_default();
@@ -288,6 +291,8 @@ async fn the_journal_carries_changes_after_the_snapshot_through_a_move() {
     assert!(gap.starts_with(&expected), "{gap}");
     assert!(gap.contains(&format!("restoring to segment {written} at")), "{gap}");
     assert!(err.contains(&expected), "the log says it too: {err}");
+    let behind = report["behind"].as_str().unwrap_or_default();
+    assert!(behind.contains("older than the newest point the bucket shows") && behind.contains(&expected), "{report}");
 }
 
 /// A signed journal: when the scheduled backup writes a newer snapshot, the journal starts a new
@@ -332,13 +337,14 @@ async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refus
     let verified = store.read_chain(&second, second.timestamp().unwrap(), Some(&trusted)).await.unwrap();
     assert_eq!((verified.links.len() as u64, verified.stop.clone()), (segments, None));
     assert!(verified.links.iter().all(|l| l.signer.as_ref().map(|k| k.as_str()) == Some(key_id.as_str())));
-    let dry_run = |extra: &[&str]| {
+    let dry_run_exits = |extra: &[&str], code: i32| {
         let mut args = vec!["restore", "--dry-run", "--allow-same-cluster", "--selector", &selector, "-o", "json"];
         args.extend(extra);
         let out = bed.restatus(&storage, &cluster, &args);
-        assert_success(&out, "restore --dry-run");
+        assert_eq!(out.status.code(), Some(code), "restore --dry-run: {}", stderr(&out));
         serde_json::from_str::<Value>(&stdout(&out)).expect("restore -o json")
     };
+    let dry_run = |extra: &[&str]| dry_run_exits(extra, 0);
     let report = dry_run(&["--trusted-key", &public]);
     assert_eq!(report["snapshot"], second.as_str());
     assert_eq!(report["restoredTo"]["segmentsApplied"], segments, "{}", report["restoredTo"]);
@@ -361,11 +367,13 @@ async fn a_newer_base_starts_a_new_signed_chain_and_an_unsigned_segment_is_refus
         None,
     );
     store.put_segment(&mut header, bytes, None).await.unwrap();
-    let report = dry_run(&["--trusted-key", &public]);
+    // F162: stopped at a refused segment, the restore exits 5 and says it is behind.
+    let report = dry_run_exits(&["--trusted-key", &public], 5);
     let point = &report["restoredTo"];
     assert_eq!(point["segmentsApplied"], segments, "{point}");
     let gap = point["gap"].as_str().unwrap_or_default();
     assert!(gap.starts_with(&format!("segment {} of base {second}: signature refused", segments + 1)), "{gap}");
+    assert!(report["behind"].as_str().is_some_and(|b| b.contains("signature refused")), "{report}");
     // Without keys nothing is checked: the unsigned segment is used (as unsigned snapshots are).
     assert_eq!(dry_run(&[])["restoredTo"]["segmentsApplied"], segments + 1);
 }

@@ -70,6 +70,14 @@ pub enum Error {
     )]
     NoGoodSnapshot { cluster: String, location: String, passed_over: usize },
 
+    /// The snapshot a controller uses is no longer in the bucket, and nothing newer is good:
+    /// it keeps the one it uses rather than going back in time.
+    #[error(
+        "the snapshot in use, {in_use}, is no longer in {location} and no newer one is good ({older}): \
+         kept rather than going back in time"
+    )]
+    SnapshotInUseGone { in_use: String, location: String, older: String },
+
     /// A payload above the read limit (checked before downloading it).
     #[error(
         "snapshot {snapshot}: payload is {size} bytes, above the limit of {limit} bytes (--max-snapshot-size raises it)"
@@ -179,6 +187,7 @@ impl Error {
             Error::Undecryptable { .. } => "undecryptable_snapshot",
             Error::Key { .. } => "key",
             Error::NoGoodSnapshot { .. } => "no_good_snapshot",
+            Error::SnapshotInUseGone { .. } => "snapshot_in_use_gone",
             Error::NoSnapshot { .. } | Error::NoSnapshotAt { .. } => "no_snapshot",
             Error::TooLarge { .. } => "too_large",
             Error::InvalidSnapshotId(_) => "invalid_snapshot_id",

@@ -57,7 +57,7 @@ pub async fn run(global: Global, command: Command) -> Result<ExitCode> {
         }
         Command::Restore(args) => {
             let Opened { store, trusted } = open()?;
-            restore(&global, &store, args, trusted).await.map(|()| ExitCode::SUCCESS)
+            restore(&global, &store, args, trusted).await
         }
         Command::Journal(args) => journal(&global, &open()?, args).await.map(|()| ExitCode::SUCCESS),
         Command::Controller(args) => {
@@ -450,7 +450,7 @@ async fn restore(
     store: &SnapshotStore,
     args: RestoreArgs,
     trusted: Option<Arc<TrustedKeys>>,
-) -> Result<()> {
+) -> Result<ExitCode> {
     let profile = Profile::load(&g.profile)?;
     let write_limit = args.limit.write_limit(restatus::k8s::limit::DEFAULT_MAX);
     let client = k8s::limited_client(g.kubeconfig.as_deref(), g.context.as_deref(), &write_limit).await?;
@@ -491,7 +491,16 @@ async fn restore(
     };
     let report = restore::run_until(&client, store, &options, stop).await.context("restore failed")?;
     print_restore(&report, stream.as_deref(), format)?;
-    restore_outcome(&report, stream.as_ref().and_then(|s| s.error()))
+    restore_outcome(&report, stream.as_ref().and_then(|s| s.error()))?;
+    Ok(ExitCode::from(restore_exit_code(&report)))
+}
+
+/// `restore`'s exit code once it is done: [`EXIT_BEHIND`] when it restored to a point older
+/// than the newest one the bucket shows (`behind` in the report says why), else 0.
+pub const EXIT_BEHIND: u8 = 5;
+
+fn restore_exit_code(report: &RestoreReport) -> u8 {
+    if report.behind.is_some() { EXIT_BEHIND } else { 0 }
 }
 
 /// Each object's line as it is decided or written: a JSON line, or a row of the dry run's table

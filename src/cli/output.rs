@@ -683,6 +683,9 @@ pub fn restore_summary(report: &RestoreReport) -> String {
         if let Some(gap) = &point.gap {
             out += &format!("JOURNAL GAP: {gap}\n");
         }
+        if let Some(behind) = &report.behind {
+            out += &format!("BEHIND: {behind}\n");
+        }
         out += &format!(
             "restored to {}: base {} + {} of {} journal segments\n",
             point.time, point.base, point.segments_applied, point.segments_verified
@@ -794,6 +797,7 @@ mod tests {
             snapshot: "snap".into(),
             snapshot_created_at: "2026-12-03T10:00:00Z".parse().unwrap(),
             restored_to: None,
+            behind: None,
             passed_over: vec![],
             dry_run: false,
             plan: RestorePlan {

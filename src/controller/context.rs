@@ -184,6 +184,7 @@ pub(super) async fn refresh_snapshot(ctx: &Context) -> bool {
     let current = ctx.snapshot.read().await.clone();
     let current_id = current.as_ref().map(|s| s.manifest.snapshot_id.clone());
     let chosen = newer_snapshot(ctx, current_id.as_ref()).await;
+    ctx.metrics.snapshot_in_use_gone.set(i64::from(matches!(chosen, Err(Error::SnapshotInUseGone { .. }))));
     match chosen {
         Ok(Some(loaded)) => {
             let manifest = loaded.restore_manifest();

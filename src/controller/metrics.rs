@@ -45,6 +45,9 @@ pub struct Metrics {
     pub kind_unavailable: Family<KindLabel, Gauge>,
     /// The newest snapshot in the bucket, refreshed by every replica (see `context::export_newest`).
     pub newest: NewestSnapshotMetrics,
+    /// 1 while the snapshot in use is gone from the bucket and nothing newer is good (the
+    /// controller keeps it rather than going back to an older one).
+    pub snapshot_in_use_gone: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -114,6 +117,12 @@ impl Default for Metrics {
         );
         let newest = NewestSnapshotMetrics::default();
         newest.register(&mut registry);
+        let snapshot_in_use_gone = Gauge::default();
+        registry.register(
+            "snapshot_in_use_gone",
+            "1 while the snapshot the controller uses is gone from the bucket and no newer one is good: it keeps it rather than going back in time",
+            snapshot_in_use_gone.clone(),
+        );
         Metrics {
             registry,
             decisions,
@@ -131,6 +140,7 @@ impl Default for Metrics {
             write_limit_halvings,
             kind_unavailable,
             newest,
+            snapshot_in_use_gone,
         }
     }
 }

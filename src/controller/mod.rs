@@ -855,4 +855,37 @@ mod tests {
         assert_eq!(index.manifest.created_at, base.created_at);
         assert_eq!(alone.metrics.snapshot_segments.get(), 0);
     }
+
+    /// F163 (issue 38, item 9): the snapshot in use deleted from the bucket, an older one left:
+    /// the refresh keeps the one in use (records, what /readyz says) rather than going back in
+    /// time, counts an error and sets `restatus_snapshot_in_use_gone`; a newer good snapshot
+    /// is taken up as before, and the gauge clears. Before: the older one was loaded.
+    #[tokio::test]
+    async fn a_snapshot_in_use_gone_from_the_bucket_is_kept_rather_than_an_older_one() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let older = fixtures::write_snapshot(&store, "2026-11-30T08:00:00Z", &[server("a", "Available")], true).await;
+        let newer = fixtures::write_snapshot(&store, "2026-11-30T09:00:00Z", &[server("a", "Reserved")], true).await;
+        let ctx = context_on(store.clone(), Duration::from_secs(120));
+        assert!(refresh_snapshot(&ctx).await);
+        let id = |ctx: &Arc<Context>| {
+            let ctx = ctx.clone();
+            async move { ctx.snapshot.read().await.as_ref().map(|s| s.manifest.snapshot_id.clone()) }
+        };
+        assert_eq!(id(&ctx).await, Some(newer.snapshot_id.clone()));
+
+        store.delete(&newer.snapshot_id).await.unwrap();
+        assert!(!refresh_snapshot(&ctx).await, "nothing taken up");
+        assert_eq!(id(&ctx).await, Some(newer.snapshot_id.clone()), "kept, not the 08:00 one");
+        let index = ctx.snapshot.read().await.clone().unwrap();
+        assert_eq!(states(&index), [r#"a={"state":"Reserved"}"#]);
+        assert!(ctx.in_use().unwrap().contains(newer.snapshot_id.as_str()));
+        assert_eq!((ctx.metrics.snapshot_in_use_gone.get(), ctx.metrics.errors.get()), (1, 1));
+        let err = newer_snapshot(&ctx, Some(&newer.snapshot_id)).await.err().unwrap().to_string();
+        assert!(err.contains("no longer in") && err.contains(older.snapshot_id.as_str()), "{err}");
+
+        let newest = fixtures::write_snapshot(&store, "2026-11-30T10:00:00Z", &[server("a", "Error")], true).await;
+        assert!(refresh_snapshot(&ctx).await, "a newer one is taken up");
+        assert_eq!(id(&ctx).await, Some(newest.snapshot_id));
+        assert_eq!(ctx.metrics.snapshot_in_use_gone.get(), 0);
+    }
 }

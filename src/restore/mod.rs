@@ -147,6 +147,10 @@ pub struct RestoreReport {
     /// absent when the snapshot has no journal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restored_to: Option<Point>,
+    /// Set when the point restored to is older than the newest one the bucket shows (its
+    /// journal stops at a gap: a missing, corrupt or refused segment): why. The CLI exits 5.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub behind: Option<String>,
     pub passed_over: Vec<Passed>,
     pub dry_run: bool,
     pub plan: RestorePlan,
@@ -176,6 +180,8 @@ pub struct RestoreSummary<'a> {
     pub snapshot_created_at: Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restored_to: Option<&'a Point>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub behind: Option<&'a str>,
     pub passed_over: &'a [Passed],
     pub dry_run: bool,
     pub counts: &'a BTreeMap<Verdict, usize>,
@@ -221,6 +227,7 @@ impl RestoreReport {
             snapshot: &self.snapshot,
             snapshot_created_at: self.snapshot_created_at,
             restored_to: self.restored_to.as_ref(),
+            behind: self.behind.as_deref(),
             passed_over: &self.passed_over,
             dry_run: self.dry_run,
             counts: &self.counts,
@@ -303,7 +310,12 @@ async fn restore(
         Applier::new(w, &opts.profile, &manifest, &loaded.records, opts.force)
             .with_partners(Partners::listed(&loaded.records, Some(&seen)))
     });
-    let mut tally = Tally { report: RestoreReport::start(&loaded, &manifest, opts.dry_run), seen: &seen };
+    let mut report = RestoreReport::start(&loaded, &manifest, opts.dry_run);
+    report.behind = behind(loaded.point.as_ref(), opts.at);
+    if let Some(behind) = &report.behind {
+        warn!("{behind}");
+    }
+    let mut tally = Tally { report, seen: &seen };
     let input = PlanInput {
         profile: &opts.profile,
         snapshot: &manifest.snapshot_id,
@@ -352,6 +364,23 @@ async fn load(
     Ok((loaded, manifest))
 }
 
+/// Why the point a restore goes to is older than the newest one the bucket shows, if it is:
+/// the base's journal stops at a gap (a missing, corrupt or refused segment) before its end, so
+/// the segments after it, and what changed in them, are not restored. With `--at`, only when
+/// the chain stops right after the point (a segment read after it ends past `--at`, and so
+/// does the gap). Pure.
+pub fn behind(point: Option<&Point>, at: Option<jiff::Timestamp>) -> Option<String> {
+    let point = point?;
+    let gap = point.gap.as_ref()?;
+    if at.is_some() && point.segments_applied < point.segments_verified {
+        return None;
+    }
+    Some(format!(
+        "restored to {}, older than the newest point the bucket shows: the journal stops there ({gap})",
+        point.describe()
+    ))
+}
+
 impl RestoreReport {
     /// The report of a restore from `loaded` (planned with `manifest`) before any kind.
     fn start(loaded: &crate::store::Loaded, manifest: &crate::format::Manifest, dry_run: bool) -> Self {
@@ -359,6 +388,7 @@ impl RestoreReport {
             snapshot: manifest.snapshot_id.to_string(),
             snapshot_created_at: loaded.manifest.created_at,
             restored_to: loaded.point.clone(),
+            behind: None,
             passed_over: loaded.passed_over.clone(),
             dry_run,
             counts: Verdict::ALL.iter().map(|v| (*v, 0)).collect(),
@@ -683,6 +713,7 @@ mod tests {
             snapshot: id.to_string(),
             snapshot_created_at: at,
             restored_to: None,
+            behind: None,
             passed_over: vec![],
             dry_run: true,
             plan: RestorePlan { snapshot: manifest(id.clone(), at).snapshot_id, items: vec![] },
@@ -970,5 +1001,28 @@ mod tests {
         );
         assert_eq!(applied.outcomes.len(), 1, "only the failure is kept");
         assert_eq!((applied.started, applied.writes, applied.summary.held), (3, 9, 1));
+    }
+
+    /// F162 (issue 38, item 9): a point stopped by a gap is behind the bucket (the CLI exits 5);
+    /// with `--at`, only when the chain stops right after the point.
+    #[test]
+    fn a_point_before_a_gap_is_behind_the_bucket() {
+        let point = |applied: u64, verified: u64, gap: Option<&str>| Point {
+            base: "b".into(),
+            segments_applied: applied,
+            segments_verified: verified,
+            time: ts(SNAPSHOT_TIME),
+            gap: gap.map(str::to_string),
+            passed_over: vec![],
+            consistent: true,
+        };
+        assert_eq!(behind(None, None), None, "no journal");
+        assert_eq!(behind(Some(&point(3, 3, None)), None), None, "the chain's end");
+        let gap = "segment 4 of base b: signature refused";
+        let said = behind(Some(&point(3, 3, Some(gap))), None).unwrap();
+        assert!(said.contains("older than the newest point the bucket shows") && said.contains(gap), "{said}");
+        let at = Some(ts(SNAPSHOT_TIME));
+        assert!(behind(Some(&point(3, 3, Some(gap))), at).is_some(), "--at past the gap's segment, maybe");
+        assert_eq!(behind(Some(&point(2, 3, Some(gap))), at), None, "segment 3 ends past --at, and so does the gap");
     }
 }

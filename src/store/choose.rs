@@ -212,7 +212,9 @@ pub async fn choose_snapshot(store: &SnapshotStore, pinned: Option<&SnapshotId>,
 }
 
 /// The snapshot [`choose_snapshot`] would load now, unless that is `current`: then `None`,
-/// and no payload is downloaded (the controller's periodic refresh).
+/// and no payload is downloaded (the controller's periodic refresh). Never one older than
+/// `current`: when `current` is gone from the bucket and nothing newer is good, the error
+/// [`Error::SnapshotInUseGone`] says so (the controller keeps `current` and alerts).
 pub async fn choose_newer(store: &SnapshotStore, current: &SnapshotId, accept: &Accept) -> Result<Option<Loaded>> {
     choose(store, None, Some(current), accept).await
 }
@@ -246,8 +248,14 @@ async fn choose(
     let mut passed_over = Vec::new();
     let before_at = |id: &SnapshotId| accept.at.is_none_or(|at| id.timestamp().is_some_and(|t| t <= at));
     for entry in store.list().await?.into_iter().rev().filter(|e| e.complete && before_at(&e.id)) {
-        if Some(&entry.id) == current {
-            return Ok(None);
+        // The one in use, or (it is gone) an older one: never back in time.
+        if let Some(current) = current
+            && entry.id <= *current
+        {
+            return match entry.id == *current {
+                true => Ok(None),
+                false => Err(in_use_gone(store, current, Some(&entry.id))),
+            };
         }
         match load(entry.id.clone()).await {
             Err(Error::Inconsistent { snapshot, reason }) => {
@@ -274,6 +282,9 @@ async fn choose(
             }
         }
     }
+    if let Some(current) = current {
+        return Err(in_use_gone(store, current, None));
+    }
     if let Some(at) = accept.at
         && passed_over.is_empty()
     {
@@ -288,6 +299,16 @@ async fn choose(
         location: store.location().to_string(),
         passed_over: passed_over.len(),
     })
+}
+
+/// The controller's snapshot in use is gone from the listing; `older`: the newest one left
+/// before it.
+fn in_use_gone(store: &SnapshotStore, current: &SnapshotId, older: Option<&SnapshotId>) -> Error {
+    Error::SnapshotInUseGone {
+        in_use: current.to_string(),
+        location: store.location().to_string(),
+        older: older.map_or_else(|| "none older either".into(), |id| format!("the newest before it is {id}")),
+    }
 }
 
 /// The records of a verified base at the point of its journal a restore goes to: the newest
