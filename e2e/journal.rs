@@ -898,3 +898,59 @@ async fn a_chain_at_max_segments_is_folded_into_a_new_base_and_goes_on_there() {
     stop(&mut journal, &log).await;
     assert_eq!(log_of(&log).matches("journal chain folded").count(), 1, "{}", log_of(&log));
 }
+
+/// F164 (issue 38, item 13): a segment header created at the next sequence number by someone
+/// else before the journal could write it (one object, the one any writer to the bucket can
+/// create) stops the chain. Before, the journal then wrote nothing until the next backup; now,
+/// once a change is pending, it starts a new chain by itself on a base of its own capture (the
+/// base's records, its readable segments, the changes pending, dated now), says so, and goes on
+/// writing segments on it; a restore goes to the newest point and exits 0.
+#[tokio::test]
+async fn a_pre_created_segment_header_makes_the_journal_start_a_new_chain_by_itself() {
+    let bed = Bed::get();
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jpre", 2, 2, 1).await;
+    let base = backup(&bed, &storage, &cluster, &selector, &[]);
+    let store = bed.store(&storage, &cluster);
+    let header = store.segment_object_path(&base, 1, restatus::format::SEGMENT_HEADER_SUFFIX);
+    object_store::ObjectStoreExt::put(store.object_store().as_ref(), &header, bytes::Bytes::from_static(b"{}").into())
+        .await
+        .unwrap();
+    // A base refresh no wait reaches: only the journal's own restart brings a newer base.
+    let args = ["--journal-interval", "1s", "--base-refresh", "1h"];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let server = spec.server_name(spec.claims);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    // Within 30 s: a 1 s interval, with room for a slow, shared test bed.
+    wait_log(&log, "a new chain starts on snapshot", 1, Duration::from_secs(30)).await;
+    let newest = || async { store.list().await.unwrap().into_iter().rev().find(|e| e.complete).map(|e| e.id).unwrap() };
+    let own = newest().await;
+    assert_ne!(own, base);
+    let (manifest, records) = records_of(&store, &own).await;
+    assert_eq!(records.len(), spec.total(), "{manifest:?}");
+    let status = |records: &Records, name: &str| {
+        (0..records.len())
+            .map(|i| records.record(i).unwrap())
+            .find(|r| r.name == name)
+            .map(|r| serde_json::from_str::<Value>(r.status.get()).unwrap())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(status(&records, &server)["indicatorLED"], "Blinking", "the pending change is in the new base");
+    wait_log(&log, &format!("journal chained to its base base={own}"), 1, Duration::from_secs(30)).await;
+
+    // It goes on: the next change is a segment of the new chain.
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Off"})).await;
+    let off = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Off";
+    let chain = wait_point(&store, &own, &records, Duration::from_secs(30), off).await;
+    assert_eq!(chain.stop, None);
+    stop(&mut journal, &log).await;
+    let out = bed.restatus(
+        &storage,
+        &cluster,
+        &["restore", "--dry-run", "--allow-same-cluster", "--selector", &selector, "-o", "json"],
+    );
+    assert_success(&out, "restore --dry-run");
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["snapshot"], own.as_str(), "{report}");
+    assert!(report.get("behind").is_none(), "{report}");
+}

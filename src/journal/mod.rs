@@ -26,7 +26,7 @@ use tracing::{debug, error, info, warn};
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::object::RawObject;
 use crate::format::{
-    Manifest, PayloadEncoder, Recipients, Records, SegmentHeader, SigningKey, SnapshotId, TrustedKeys, sha256_hex,
+    Link, Manifest, PayloadEncoder, Recipients, Records, SegmentHeader, SigningKey, SnapshotId, TrustedKeys, sha256_hex,
 };
 use crate::k8s::watch::{RawResource, WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 use crate::store::{Accept, SnapshotStore, choose_snapshot};
@@ -105,9 +105,12 @@ struct Chain {
     previous: Option<String>,
     /// The point in time the chain brings a restore to.
     point: Timestamp,
-    /// The chain stops at a gap this journal cannot write past (a corrupt or refused segment
-    /// of an earlier writer): nothing is written until a newer base.
+    /// The chain stops at a gap this journal cannot write past (a corrupt, refused or
+    /// pre-created segment): nothing is written on it; the journal starts a new chain on a
+    /// base of its own capture ([`restart`]) once a change is pending.
     broken: Option<String>,
+    /// [`restart`] was tried on this chain (once: a failure waits for a newer base).
+    restarted: bool,
 }
 
 /// What a watch tells the loop: the kind (its index) and the event, with when it arrived.
@@ -164,6 +167,14 @@ pub async fn run(
                 if state.all_listed(&kinds) {
                     summary.segments += write_segment(store, opts, &metrics, &mut chain, &mut state).await;
                     report(&metrics, &chain, &mut state, &kinds);
+                }
+                // A chain it cannot extend: a new one on a base of its own capture, once a
+                // change is pending (nothing is lost meanwhile: the changes wait in the state).
+                if chain.broken.is_some() && !chain.restarted && state.all_listed(&kinds) && state.pending() > 0 {
+                    chain.restarted = true;
+                    if restart(store, opts, &metrics, &chain, &mut state).await {
+                        base_tick.reset_immediately();
+                    }
                 }
                 let due = chain.next > opts.max_segments && chain.broken.is_none();
                 if due && folded.as_ref() != Some(&chain.base.snapshot_id) && compact(store, opts, &chain).await
@@ -298,6 +309,7 @@ async fn load_base(
         point: read.links.last().map_or(manifest.created_at, |l| l.header.to),
         base: manifest,
         broken,
+        restarted: false,
     };
     info!(base = %id, objects = state.objects(), resumes_at = chain.next, "journal chained to its base");
     Ok(Some((chain, state)))
@@ -480,6 +492,80 @@ async fn fold(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest) -> 
     }
     let Some(folded) = crate::format::fold(base, &records, &read.links)? else { return Ok(None) };
     drop(records);
+    write_base(store, opts, base, folded).await.map(Some)
+}
+
+/// A chain this journal cannot extend (a corrupt or refused segment, or a segment header
+/// someone created at the next sequence number before it could): a new base of its own
+/// capture, so that the journal goes on by itself rather than waiting for the next backup.
+/// The base's records with the chain's readable segments (those before the stop) and the
+/// changes pending now (the live fleet diffed against them), dated now with the live fleet's
+/// verdict: what the fleet is, as the journal's watches see it. Written as a fold is (signed,
+/// encrypted, create-only); the loop takes it up as any newer base. True when written.
+async fn restart(
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    metrics: &JournalMetrics,
+    chain: &Chain,
+    state: &mut JournalState,
+) -> bool {
+    let Some(cut) = state.cut() else { return false };
+    let written = own_base(store, opts, &chain.base, &cut).await;
+    // Whatever happened, the changes stay pending: the new base's chain lists them again.
+    state.put_back(cut);
+    let broken = chain.broken.as_deref().unwrap_or_default();
+    match written {
+        Ok(manifest) => {
+            warn!(base = %chain.base.snapshot_id, new_base = %manifest.snapshot_id, records = manifest.payload.records,
+                "the chain of base {} cannot be extended ({broken}): a new chain starts on snapshot {}, \
+                 a base of the journal's own capture", chain.base.snapshot_id, manifest.snapshot_id);
+            true
+        }
+        Err(e) => {
+            metrics.error(JournalError::Segment);
+            error!(base = %chain.base.snapshot_id, error = %e,
+                "the chain cannot be extended ({broken}) and no new base could be written; waiting for a newer base");
+            false
+        }
+    }
+}
+
+/// The base of [`restart`]: `base`'s records, its readable segments and `cut` on top.
+async fn own_base(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest, cut: &Cut) -> Result<Manifest> {
+    let records = Records::decode(base, store.verified_payload(base).await?)?;
+    let read = store.read_chain(&base.snapshot_id, base.created_at, opts.chain_keys.as_deref()).await?;
+    let from = read.links.last().map_or(base.created_at, |l| l.header.to);
+    let (_, payload) = PayloadEncoder::encode_all(opts.zstd_level, None, &cut.records)
+        .map_err(|e| Error::io("encode the changes pending", e))?;
+    let header = SegmentHeader::new(
+        store.cluster_id(),
+        &base.snapshot_id,
+        read.next_sequence(),
+        read.last_sha256(),
+        from,
+        Timestamp::now().max(from),
+        cut.resource_versions.clone(),
+        (cut.changed, cut.deleted),
+        payload,
+        Some(cut.consistency.clone()),
+    );
+    let mut links = read.links;
+    // The changes pending as one more link, never stored: the fold merges its records.
+    links.push(Link { header, sha256: String::new(), records: cut.records.clone(), signer: None });
+    let folded = crate::format::fold(base, &records, &links)?
+        .ok_or_else(|| Error::io("start a new chain", std::io::Error::other("nothing to fold")))?;
+    drop(records);
+    write_base(store, opts, base, folded).await
+}
+
+/// Writes a folded base as a snapshot: payload first, manifest last, create-only, signed and
+/// encrypted with the journal's keys, `capturedFrom` and a drop mark carried from `base`.
+async fn write_base(
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    base: &Manifest,
+    folded: crate::format::Folded,
+) -> Result<Manifest> {
     let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, opts.recipients.as_deref(), &folded.records)
         .map_err(|e| Error::io("encode a folded base", e))?;
     let id = SnapshotId::new(folded.created_at);
@@ -490,7 +576,7 @@ async fn fold(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest) -> 
     // before it, and the alert goes on, whether a backup or a fold wrote the newest snapshot.
     manifest.record_drop = base.record_drop.clone();
     store.finish_snapshot(store.payload_writer(&id), &bytes, &mut manifest, opts.signing_key.as_deref()).await?;
-    Ok(Some(manifest))
+    Ok(manifest)
 }
 
 #[cfg(test)]
