@@ -1660,3 +1660,56 @@ async fn encrypted_snapshots_the_controller_decrypts_with_its_key_and_passes_ove
     assert!(!log.contains("AGE-SECRET-KEY"), "key material in the log:\n{log}");
     assert!(controller.stop().await.success(), "controller exit on SIGTERM");
 }
+
+/// F165 (issue 38, item 13): forged (unsigned) snapshots newer than the signed one a controller
+/// with `--trusted-key` uses. Before, every refresh read and verified each of them again (its
+/// manifest, its signature) — any number of junk objects, every `--snapshot-refresh`. Now each
+/// refused snapshot is verified once and remembered: over six more refreshes, no forged
+/// snapshot's signature is looked for a second time, and the snapshot in use stays the signed one.
+#[tokio::test]
+async fn forged_snapshots_are_read_once_not_at_every_refresh() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (proxy, proxied) = CountingProxy::for_s3().await;
+    let spec = FleetSpec::new(&unique("junk"), 2, 2, 1);
+    fleet::create(&bed.source().await, &spec, 4).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    let prefix = storage.rsplit('/').next().unwrap().to_string();
+    let (key, public, _) = generate_keys(&bed, &unique("junk-key"));
+    let signed = bed.restatus(
+        &storage,
+        &spec.name,
+        &["backup", "--selector", &selector, "--signing-key", key.to_str().unwrap()],
+    );
+    assert_success(&signed, "signed backup");
+    let signed = stdout(&signed).trim().to_string();
+    let store = bed.store(&storage, &spec.name);
+    let mut forged = vec![];
+    for _ in 0..3 {
+        forged.push(forge(&store, &signed).await.to_string());
+    }
+    let run = ControllerRun::new(&bed, &storage, &spec.name, &selector).snapshot_refresh("1s");
+    let run = run.arg("--trusted-key", public.to_str().unwrap());
+    let run = run.env("S3_ENDPOINT", &proxied).env("AWS_ENDPOINT_URL_S3", &proxied);
+    let controller = run.start_ready().await;
+    let count = |what: &dyn Fn(&str, &str) -> bool| {
+        proxy.requests().iter().filter(|(method, target)| target.contains(&prefix) && what(method, target)).count()
+    };
+    let lists = || count(&|m, t| m == "GET" && t.contains("list-type=2"));
+    let (start, deadline) = (lists(), Instant::now() + Duration::from_secs(60));
+    while lists() < start + 6 {
+        assert!(Instant::now() < deadline, "fewer than 6 refreshes within 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Verifying reads its signature object (a HEAD: none is there); the bucket's newest
+    // manifest is also read for the `restatus_snapshot_newest_*` gauges at each refresh,
+    // without a signature check, so the signature's requests are what count here.
+    for id in &forged {
+        let checks = count(&|_, t| t.contains(&format!("{id}/manifest.json.sig")));
+        assert_eq!(checks, 1, "forged {id} verified once over 6 refreshes: {:?}", proxy.requests());
+    }
+    let (_, ready) = controller.get("/readyz").await.unwrap();
+    assert!(ready.contains(&signed), "the signed snapshot stays in use: {ready}");
+    assert!(controller.stop().await.success());
+}

@@ -106,6 +106,8 @@ impl Context {
                     trusted: self.options.trusted_keys.clone(),
                     journal: self.options.journal,
                     at: None,
+                    // Remembered across refreshes: junk is read and verified once.
+                    refused: Default::default(),
                 }
             })
             .await

@@ -352,6 +352,7 @@ async fn load(
         trusted: opts.trusted_keys.clone(),
         journal: opts.journal,
         at: opts.at,
+        refused: Default::default(),
     };
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
     let manifest = loaded.restore_manifest();

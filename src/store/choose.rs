@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::snapshots::SnapshotStore;
 use crate::format::{Chain, KeyId, Manifest, Records, SnapshotId, TrustedKeys, choose_point};
@@ -181,6 +181,53 @@ pub struct Accept {
     /// A point in time (`--at`): only bases captured at or before it, and only the segments
     /// that end at or before it.
     pub at: Option<Timestamp>,
+    /// The snapshots refused so far for what they hold, not read again (see [`Refused`]).
+    pub refused: Refused,
+}
+
+/// Snapshots refused for what they hold (their manifest, signature, encryption or payload:
+/// unsigned, forged, foreign, damaged, captured from this cluster, not decryptable with the
+/// keys given), with why, remembered so that a long-running reader (the controller's refresh,
+/// which keeps one `Accept`) does not read and verify every junk object again at each refresh:
+/// a manifest is written create-only, so what refused it stays. Inconsistent ones are not
+/// remembered (their journal may reach a consistent point), nor store errors. Only snapshots
+/// still listed are kept. Consulted by [`choose_newer`] only (a one-shot choice reads afresh);
+/// a clone starts empty (its options may differ).
+#[derive(Debug, Default)]
+pub struct Refused(Arc<std::sync::Mutex<std::collections::BTreeMap<SnapshotId, String>>>);
+
+impl Clone for Refused {
+    fn clone(&self) -> Self {
+        Refused::default()
+    }
+}
+
+impl Refused {
+    fn get(&self, id: &SnapshotId) -> Option<String> {
+        self.0.lock().ok().and_then(|known| known.get(id).cloned())
+    }
+
+    fn remember(&self, id: &SnapshotId, reason: &str) {
+        if let Ok(mut known) = self.0.lock() {
+            known.insert(id.clone(), reason.to_string());
+        }
+    }
+
+    /// Forgets the snapshots no longer listed.
+    fn keep_listed(&self, listed: &[super::SnapshotEntry]) {
+        if let Ok(mut known) = self.0.lock() {
+            known.retain(|id, _| listed.iter().any(|e| e.id == *id));
+        }
+    }
+
+    /// How many are remembered.
+    pub fn len(&self) -> usize {
+        self.0.lock().map_or(0, |known| known.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Accept {
@@ -247,7 +294,9 @@ async fn choose(
     }
     let mut passed_over = Vec::new();
     let before_at = |id: &SnapshotId| accept.at.is_none_or(|at| id.timestamp().is_some_and(|t| t <= at));
-    for entry in store.list().await?.into_iter().rev().filter(|e| e.complete && before_at(&e.id)) {
+    let listed = store.list().await?;
+    accept.refused.keep_listed(&listed);
+    for entry in listed.into_iter().rev().filter(|e| e.complete && before_at(&e.id)) {
         // The one in use, or (it is gone) an older one: never back in time.
         if let Some(current) = current
             && entry.id <= *current
@@ -257,6 +306,15 @@ async fn choose(
                 false => Err(in_use_gone(store, current, Some(&entry.id))),
             };
         }
+        if let Some(reason) = current.and_then(|_| accept.refused.get(&entry.id)) {
+            debug!(snapshot = %entry.id, "refused before, not read again: {reason}");
+            passed_over.push(Passed { snapshot: entry.id.to_string(), reason });
+            continue;
+        }
+        let refused = |e: &Error| {
+            accept.refused.remember(&entry.id, &e.to_string());
+            Passed { snapshot: entry.id.to_string(), reason: e.to_string() }
+        };
         match load(entry.id.clone()).await {
             Err(Error::Inconsistent { snapshot, reason }) => {
                 warn!(snapshot = %entry.id, "snapshot is inconsistent; trying the previous one");
@@ -264,21 +322,21 @@ async fn choose(
             }
             Err(e @ Error::SameCluster { .. }) => {
                 warn!(snapshot = %entry.id, "snapshot was captured from this cluster; trying the previous one");
-                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
+                passed_over.push(refused(&e));
             }
             Ok(loaded) => return Ok(Some(Loaded { passed_over, ..loaded })),
             Err(e @ (Error::Store { .. } | Error::Io { .. } | Error::TooLarge { .. })) => return Err(e),
             Err(e @ (Error::Unsigned { .. } | Error::BadSignature { .. })) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot is not signed by a trusted key; trying the previous one");
-                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
+                passed_over.push(refused(&e));
             }
             Err(e @ (Error::Encrypted { .. } | Error::Undecryptable { .. })) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot cannot be decrypted with the keys given; trying the previous one");
-                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
+                passed_over.push(refused(&e));
             }
             Err(e) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot skipped; trying the previous one");
-                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: e.to_string() });
+                passed_over.push(refused(&e));
             }
         }
     }

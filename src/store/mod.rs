@@ -25,7 +25,7 @@ pub mod snapshots;
 
 pub use backend::{DEFAULT_STORAGE, S3Options, SSE_MODES};
 pub use choose::{
-    Accept, Loaded, Passed, Point, ReadOn, Tail, choose_newer, choose_snapshot, read_on, resolve, resolve_at,
+    Accept, Loaded, Passed, Point, ReadOn, Refused, Tail, choose_newer, choose_snapshot, read_on, resolve, resolve_at,
     snapshot_at,
 };
 pub use listing::{JournalSummary, SignatureCheck, SnapshotState, SnapshotSummary, describe_snapshots};
