@@ -324,3 +324,149 @@ pub mod api {
         .to_string()
     }
 }
+
+/// An object store scripted for tests that the in-memory one cannot play: every call goes to an
+/// in-memory store, except that a GET's body comes in chunks of [`ScriptedStore::CHUNK`] bytes,
+/// pulled lazily and counted per object ([`ScriptedStore::bytes_read`], so a test proves a
+/// read stopped after so many bytes, not only that it failed), and that the objects whose path
+/// contains a string given to [`ScriptedStore::refuse`] answer every read (HEAD, GET) with
+/// `PermissionDenied`, as S3 does for a permission, a key under SSE-C or an archived object,
+/// and that those given to [`ScriptedStore::understate`] announce 1 byte whatever they hold (as
+/// an object replaced between the size a reader asked for and its read).
+#[derive(Debug, Default)]
+pub struct ScriptedStore {
+    inner: object_store::memory::InMemory,
+    pulled: std::sync::Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
+    refused: std::sync::Mutex<Vec<String>>,
+    understated: std::sync::Mutex<Vec<String>>,
+}
+
+impl ScriptedStore {
+    pub const CHUNK: usize = 64 << 10;
+
+    /// A store to give `SnapshotStore::new`, and this handle to script and question it.
+    pub fn new() -> std::sync::Arc<ScriptedStore> {
+        std::sync::Arc::default()
+    }
+
+    /// Bytes of `path`'s body pulled by GETs so far.
+    pub fn bytes_read(&self, path: &object_store::path::Path) -> u64 {
+        self.pulled.lock().expect("not poisoned").get(path.as_ref()).copied().unwrap_or(0)
+    }
+
+    /// From now on, every read of an object whose path contains `part` is refused.
+    pub fn refuse(&self, part: &str) {
+        self.refused.lock().expect("not poisoned").push(part.to_string());
+    }
+
+    /// From now on, every HEAD and GET of an object whose path contains `part` announces 1 byte.
+    pub fn understate(&self, part: &str) {
+        self.understated.lock().expect("not poisoned").push(part.to_string());
+    }
+
+    fn check(&self, path: &object_store::path::Path) -> object_store::Result<()> {
+        let refused = self.refused.lock().expect("not poisoned");
+        match refused.iter().any(|part| path.as_ref().contains(part.as_str())) {
+            true => Err(object_store::Error::PermissionDenied {
+                path: path.to_string(),
+                source: "AccessDenied (scripted)".into(),
+            }),
+            false => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for ScriptedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ScriptedStore")
+    }
+}
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for ScriptedStore {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        use futures::StreamExt;
+        self.check(location)?;
+        let mut result = self.inner.get_opts(location, options).await?;
+        let understated = self.understated.lock().expect("not poisoned");
+        if understated.iter().any(|part| location.as_ref().contains(part.as_str())) {
+            result.meta.size = 1;
+        }
+        drop(understated);
+        let object_store::GetResultPayload::Stream(body) = result.payload else { return Ok(result) };
+        let pulled = std::sync::Arc::clone(&self.pulled);
+        let key = location.to_string();
+        let chunks = body
+            .map(|chunk| {
+                let chunk = chunk?;
+                let pieces: Vec<object_store::Result<bytes::Bytes>> = (0..chunk.len())
+                    .step_by(Self::CHUNK)
+                    .map(|at| Ok(chunk.slice(at..chunk.len().min(at + Self::CHUNK))))
+                    .collect();
+                Ok::<_, object_store::Error>(futures::stream::iter(pieces))
+            })
+            .map(|r| match r {
+                Ok(pieces) => pieces.boxed(),
+                Err(e) => futures::stream::once(async { Err(e) }).boxed(),
+            })
+            .flatten()
+            .inspect(move |chunk| {
+                if let Ok(chunk) = chunk {
+                    *pulled.lock().expect("not poisoned").entry(key.clone()).or_default() += chunk.len() as u64;
+                }
+            });
+        result.payload = object_store::GetResultPayload::Stream(chunks.boxed());
+        Ok(result)
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}

@@ -32,8 +32,9 @@ pub use record::{CARRIED_ANNOTATION_PREFIXES, Record, RecordHead, is_carried, qu
 pub use records::Records;
 pub use segment::{
     Candidate, Chain, ChainStop, Folded, JOURNAL_DIR, Link, MAX_SEGMENT_HEADER, PointChoice, SEGMENT_FORMAT,
-    SEGMENT_HEADER_SUFFIX, SEGMENT_PAYLOAD_SUFFIX, SEGMENT_SIGNATURE_SUFFIX, SegmentHeader, check_link, choose_point,
-    fold, is_tombstone, object_key, point, segment_file, segment_name, sha256_hex, tombstone,
+    SEGMENT_HEADER_SUFFIX, SEGMENT_PAYLOAD_SUFFIX, SEGMENT_SIGNATURE_SUFFIX, SegmentHeader, check_header, check_link,
+    check_records, choose_point, fold, is_tombstone, object_key, point, segment_file, segment_name, sha256_hex,
+    tombstone,
 };
 pub use signature::{KeyId, MAX_SIGNATURE, PublicKey, SIGNATURE_FILE, SigningKey, TrustedKeys};
 pub use spill::{Payload, SpillWriter, verify_payload};

@@ -297,21 +297,35 @@ pub struct Candidate<'a> {
 
 /// Checks one segment as the next link of `chain` (cluster `cluster`): its header parses, names
 /// this cluster, this base and the expected sequence number and the previous header's hash,
-/// its window starts where the chain left off, its signature (when checked) is good, and its
-/// payload verifies (size and sha256 before anything is decompressed, then every record). The
-/// link, or why the chain stops here.
+/// its window starts where the chain left off, its signature (when checked) is good
+/// ([`check_header`]), and its payload verifies (size and sha256 before anything is
+/// decompressed, then every record: [`check_records`]). The link, or why the chain stops here.
 pub fn check_link(
     chain: &Chain,
     cluster: &str,
     base_time: Timestamp,
     candidate: Candidate<'_>,
 ) -> Result<Link, String> {
-    let expected = chain.next_sequence();
-    let what = segment_name(&chain.base, expected);
-    if candidate.sequence != expected {
+    if candidate.sequence != chain.next_sequence() {
         return Err(format!("is missing (the next segment found is {})", candidate.sequence));
     }
     let Some(bytes) = candidate.header else { return Err("is missing (no header)".into()) };
+    let (header, signer) = check_header(chain, cluster, base_time, bytes, candidate.signature)?;
+    check_records(header, bytes, signer, candidate.payload, candidate.open)
+}
+
+/// The checks of [`check_link`] that need the header alone (its bytes, and the signature
+/// check's outcome when keys are trusted): a segment refused here is refused before its
+/// payload is downloaded. The parsed header and the key that signed it.
+pub fn check_header(
+    chain: &Chain,
+    cluster: &str,
+    base_time: Timestamp,
+    bytes: &[u8],
+    signature: Option<Result<KeyId, String>>,
+) -> Result<(SegmentHeader, Option<KeyId>), String> {
+    let expected = chain.next_sequence();
+    let what = segment_name(&chain.base, expected);
     let header = SegmentHeader::from_json(&what, bytes).map_err(|e| strip(&what, e))?;
     if header.cluster_id != cluster {
         return Err(format!("belongs to cluster {:?}, not {cluster:?}", header.cluster_id));
@@ -333,12 +347,25 @@ pub fn check_link(
     if header.to < header.from || header.from < since {
         return Err(format!("covers {} to {}, before the chain's point {since}", header.from, header.to));
     }
-    let signer = match candidate.signature {
+    let signer = match signature {
         None => None,
         Some(Ok(key)) => Some(key),
         Some(Err(reason)) => return Err(format!("signature refused: {reason}")),
     };
-    let Some(payload) = candidate.payload else { return Err("is corrupt: its records are missing".into()) };
+    Ok((header, signer))
+}
+
+/// The rest of [`check_link`], for a header [`check_header`] accepted (`bytes` as stored):
+/// the payload (`None`: missing) has the header's size and sha256 (before anything is
+/// decompressed), opens (`open`: decryption) and holds the records the header counts.
+pub fn check_records(
+    header: SegmentHeader,
+    bytes: &[u8],
+    signer: Option<KeyId>,
+    payload: Option<super::Payload>,
+    open: &dyn Fn(&Manifest, super::Payload) -> Result<super::Payload, Error>,
+) -> Result<Link, String> {
+    let Some(payload) = payload else { return Err("is corrupt: its records are missing".into()) };
     let manifest = header.payload_manifest();
     let invalid = |e: Error| match e {
         Error::Encrypted { .. } | Error::Undecryptable { .. } => {
@@ -353,7 +380,7 @@ pub fn check_link(
             header.payload.size
         ));
     }
-    let payload = (candidate.open)(&manifest, payload).map_err(invalid)?;
+    let payload = open(&manifest, payload).map_err(invalid)?;
     let mut records = Vec::with_capacity(header.payload.records.min(1 << 16) as usize);
     decode_records(&manifest, payload, |r| {
         records.push(r);

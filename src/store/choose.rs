@@ -2,8 +2,10 @@
 //! verifies, (unless allowed otherwise) is consistent and was not captured from the cluster
 //! the restore writes to, and, when keys are trusted, is signed by one of them; an encrypted one
 //! only when a decryption key opens it. A damaged, foreign, own, unsigned, badly signed or
-//! undecryptable snapshot is reported and passed over for the previous one; a store that cannot
-//! be read is an error.
+//! undecryptable snapshot is reported and passed over for the previous one, and so is one the
+//! store will not hand out (a permission, an archived object, one under a key restatus does not
+//! hold); a store that cannot be listed is an error, and so is one of which no snapshot could
+//! be read.
 
 use std::sync::Arc;
 
@@ -293,6 +295,9 @@ async fn choose(
         return load(id.clone()).await.map(Some);
     }
     let mut passed_over = Vec::new();
+    // The first store error met: when every snapshot passed over was unreadable, the store is
+    // what failed, and that is the error.
+    let mut unreadable: (usize, Option<Error>) = (0, None);
     let before_at = |id: &SnapshotId| accept.at.is_none_or(|at| id.timestamp().is_some_and(|t| t <= at));
     let listed = store.list().await?;
     accept.refused.keep_listed(&listed);
@@ -325,7 +330,13 @@ async fn choose(
                 passed_over.push(refused(&e));
             }
             Ok(loaded) => return Ok(Some(Loaded { passed_over, ..loaded })),
-            Err(e @ (Error::Store { .. } | Error::Io { .. } | Error::TooLarge { .. })) => return Err(e),
+            Err(e @ (Error::Io { .. } | Error::TooLarge { .. })) => return Err(e),
+            Err(e @ Error::Store { .. }) => {
+                warn!(snapshot = %entry.id, error = %e, "snapshot cannot be read from the store; trying the previous one");
+                passed_over.push(Passed { snapshot: entry.id.to_string(), reason: format!("cannot be read: {e}") });
+                unreadable.0 += 1;
+                unreadable.1.get_or_insert(e);
+            }
             Err(e @ (Error::Unsigned { .. } | Error::BadSignature { .. })) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot is not signed by a trusted key; trying the previous one");
                 passed_over.push(refused(&e));
@@ -342,6 +353,11 @@ async fn choose(
     }
     if let Some(current) = current {
         return Err(in_use_gone(store, current, None));
+    }
+    if let (count, Some(e)) = unreadable
+        && count == passed_over.len()
+    {
+        return Err(e);
     }
     if let Some(at) = accept.at
         && passed_over.is_empty()
@@ -398,7 +414,8 @@ async fn at_point(
 /// [`at_point`]).
 async fn chain_point(store: &SnapshotStore, manifest: &Manifest, accept: &Accept) -> Result<(Chain, Point)> {
     let id = &manifest.snapshot_id;
-    let chain = store.read_chain(id, manifest.created_at, accept.trusted.as_deref()).await?;
+    let empty = crate::format::Chain::empty(id.clone());
+    let chain = store.read_chain_from(empty, manifest.created_at, accept.trusted.as_deref()).await?;
     let gap = chain.stop_message(manifest.created_at);
     let Some(choice) = choose_point(&chain.links, accept.at, manifest.is_consistent(), accept.inconsistent) else {
         let reason = match chain.links.is_empty() {
@@ -669,6 +686,44 @@ mod tests {
         let gap = point.gap.unwrap();
         assert!(gap.starts_with(&format!("segment 2 of base {}: is corrupt", base.snapshot_id)), "{gap}");
         assert!(gap.ends_with("restoring to segment 1 at 2026-11-30T09:00:05Z"), "{gap}");
+    }
+
+    /// F143: what the store will not hand out (`PermissionDenied`, as S3 answers for a
+    /// permission, an object under SSE-C or in an archive tier) is passed over, named, as a
+    /// corrupt snapshot or segment is: a segment stops the chain before it (a restore and the
+    /// controller's read on stay at the point before, the gap named), a snapshot is passed
+    /// over for the previous one. Only when no snapshot can be read is the store's error the
+    /// error. (Before, each aborted the choice, and every read on failed.)
+    #[tokio::test]
+    async fn what_the_store_will_not_hand_out_is_passed_over_named() {
+        let scripted = crate::fixtures::ScriptedStore::new();
+        let store = SnapshotStore::new(scripted.clone(), "", "c", "scripted://".into()).unwrap();
+        let older = write_snapshot(&store, "2026-11-30T08:00:00Z", &[server("a", "Old")], true).await;
+        let newer = write_snapshot(&store, "2026-11-30T09:00:00Z", &[server("a", "Available")], true).await;
+        append_segment(&store, &newer, &[server("a", "Reserved")], 5, true).await;
+        append_segment(&store, &newer, &[server("a", "Tainted")], 5, true).await;
+        let two = store.segment_object_path(&newer.snapshot_id, 2, crate::format::SEGMENT_PAYLOAD_SUFFIX);
+        scripted.refuse(two.as_ref());
+
+        let loaded = choose_snapshot(&store, None, &journal()).await.unwrap();
+        assert_eq!(states(&loaded), [r#"a={"state":"Reserved"}"#]);
+        let gap = loaded.point.clone().unwrap().gap.unwrap();
+        assert!(gap.starts_with(&format!("segment 2 of base {}: cannot be read", newer.snapshot_id)), "{gap}");
+        assert!(gap.contains("AccessDenied"), "{gap}");
+        let tail = loaded.tail.clone().unwrap();
+        let read = read_on(&store, &tail, &loaded.records, &journal()).await.unwrap();
+        assert!(read.newer.is_none() && read.gap.is_some_and(|g| g.contains("cannot be read")));
+
+        scripted.refuse(store.manifest_path(&newer.snapshot_id).as_ref());
+        let loaded = choose_snapshot(&store, None, &journal()).await.unwrap();
+        assert_eq!(loaded.manifest.snapshot_id, older.snapshot_id);
+        let passed = &loaded.passed_over[0];
+        assert_eq!(passed.snapshot, newer.snapshot_id.to_string());
+        assert!(passed.reason.starts_with("cannot be read") && passed.reason.contains("AccessDenied"), "{passed:?}");
+
+        scripted.refuse(store.payload_path(&older.snapshot_id).as_ref());
+        let err = choose_snapshot(&store, None, &journal()).await.err().unwrap();
+        assert!(matches!(&err, Error::Store { .. }), "nothing readable: the store's error, not {err}");
     }
 
     /// `latest` is the newest complete snapshot, `latest@TIME` the newest captured by then (one

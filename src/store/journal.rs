@@ -19,10 +19,11 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions};
 use tracing::{info, warn};
 
 use super::snapshots::SnapshotStore;
+use super::snapshots::{PAYLOAD_MISSING, Small};
 use crate::format::{
-    Candidate, Chain, ChainStop, JOURNAL_DIR, MAX_SEGMENT_HEADER, MAX_SIGNATURE, Manifest, Payload,
-    SEGMENT_HEADER_SUFFIX, SEGMENT_PAYLOAD_SUFFIX, SEGMENT_SIGNATURE_SUFFIX, SegmentHeader, SigningKey, SnapshotId,
-    TrustedKeys, check_link, open_payload, segment_file, segment_name,
+    Chain, ChainStop, JOURNAL_DIR, Link, MAX_SEGMENT_HEADER, MAX_SIGNATURE, Manifest, Payload, SEGMENT_HEADER_SUFFIX,
+    SEGMENT_PAYLOAD_SUFFIX, SEGMENT_SIGNATURE_SUFFIX, SegmentHeader, SigningKey, SnapshotId, TrustedKeys, check_header,
+    check_records, open_payload, segment_file, segment_name,
 };
 use crate::{Error, Result};
 
@@ -163,27 +164,71 @@ impl SnapshotStore {
         }
     }
 
-    /// An object of a segment, at most `limit` bytes (a larger one is not read): `Ok(None)` when
-    /// missing, `Err(reason)` when too large.
+    /// An object of a segment, at most `limit` bytes (a larger one is not read, see
+    /// [`SnapshotStore::read_small`]): `Ok(None)` when missing, `Err(reason)` when too large.
     async fn segment_object(&self, path: &Path, limit: u64) -> Result<std::result::Result<Option<Bytes>, String>> {
-        let context = || format!("read {path}");
-        match self.store.head(path).await {
-            Ok(meta) if meta.size > limit => {
-                return Ok(Err(format!("{} has {} bytes, more than it can have ({limit})", path, meta.size)));
-            }
-            Ok(_) => {}
-            Err(object_store::Error::NotFound { .. }) => return Ok(Ok(None)),
-            Err(e) => return Err(Error::store(context(), e)),
-        }
-        match self.store.get(path).await {
-            Ok(result) => result.bytes().await.map(|b| Ok(Some(b))).map_err(|e| Error::store(context(), e)),
-            Err(object_store::Error::NotFound { .. }) => Ok(Ok(None)),
-            Err(e) => Err(Error::store(context(), e)),
+        match self.read_small(path, limit).await {
+            Ok(Small::Read(bytes)) => Ok(Ok(Some(bytes))),
+            Ok(Small::Missing) => Ok(Ok(None)),
+            Ok(Small::TooLarge(size)) => Ok(Err(format!("{path} has {size} bytes, more than it can have ({limit})"))),
+            Err(e) => Err(Error::store(format!("read {path}"), e)),
         }
     }
 
+    /// One segment, checked as the next link of `chain` (see [`check_link`](crate::format::check_link)): its header (at
+    /// most [`MAX_SEGMENT_HEADER`] bytes), with `trusted` keys its signature, then the header
+    /// judged ([`check_header`]) before anything of the payload is read: a refused segment is
+    /// never downloaded. Its payload is then read as a snapshot's is
+    /// ([`SnapshotStore::read_payload`]: the size the store announces against the header's and
+    /// the limit before the body is read, no more than that read, spilled to a temporary file
+    /// above [`super::SPILL_ABOVE`], sha256 checked), and opened (decrypted, spilled as well).
+    /// The link, or why the chain stops here; a store that cannot be read is an error.
+    async fn read_link(
+        &self,
+        chain: &Chain,
+        sequence: u64,
+        base_time: jiff::Timestamp,
+        trusted: Option<&TrustedKeys>,
+    ) -> Result<std::result::Result<Link, String>> {
+        let base = &chain.base;
+        let what = segment_name(base, sequence);
+        let header_path = self.segment_path(base, sequence, SEGMENT_HEADER_SUFFIX);
+        let bytes = match self.segment_object(&header_path, MAX_SEGMENT_HEADER).await? {
+            Err(reason) => return Ok(Err(format!("is corrupt: {reason}"))),
+            Ok(None) => return Ok(Err("is missing (no header)".to_string())),
+            Ok(Some(bytes)) => bytes,
+        };
+        let signature = match trusted {
+            None => None,
+            Some(keys) => Some(self.check_segment_signature(keys, base, sequence, &what, &bytes).await?),
+        };
+        let (header, signer) = match check_header(chain, self.cluster_id(), base_time, &bytes, signature) {
+            Ok(checked) => checked,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let payload_path = self.segment_path(base, sequence, SEGMENT_PAYLOAD_SUFFIX);
+        let payload = match self.read_payload(&payload_path, &header.payload_manifest()).await {
+            Ok(payload) => Some(payload),
+            Err(Error::CorruptSnapshot { reason, .. }) if reason == PAYLOAD_MISSING => None,
+            Err(Error::CorruptSnapshot { reason, .. }) => return Ok(Err(format!("is corrupt: {reason}"))),
+            Err(Error::TooLarge { size, limit, .. }) => {
+                let reason = format!("is corrupt: its records have {size} bytes, more than the limit ({limit})");
+                return Ok(Err(reason));
+            }
+            Err(e) => return Err(e),
+        };
+        let open = |m: &Manifest, p: Payload| {
+            let spill = match m.encryption.is_some() && p.len() > super::snapshots::SPILL_ABOVE {
+                true => self.spill_writer(&m.snapshot_id),
+                false => None,
+            };
+            open_payload(m, p, self.decryption.as_deref(), spill)
+        };
+        Ok(check_records(header, &bytes, signer, payload, &open))
+    }
+
     /// Reads and verifies a base's chain: segment 1, 2, … while each has a header, checked
-    /// against the chain so far (see [`check_link`]); with `trusted` keys, each header's
+    /// against the chain so far (see [`check_link`](crate::format::check_link)); with `trusted` keys, each header's
     /// signature first. Stops at the first gap (a missing sequence number before a later
     /// header, a corrupt, foreign, unchained, unsigned or badly signed segment), saying where
     /// and why. Segments without a header after the last one are uploads that never completed:
@@ -194,25 +239,40 @@ impl SnapshotStore {
         base_time: jiff::Timestamp,
         trusted: Option<&TrustedKeys>,
     ) -> Result<Chain> {
-        self.read_chain_from(Chain::empty(base.clone()), base_time, trusted).await
+        self.read_chain_on(Chain::empty(base.clone()), base_time, trusted, false).await
     }
 
     /// [`SnapshotStore::read_chain`] from a chain already read: the segments after its last
     /// link (all it needs of the chain so far is that link's header and hash, see
-    /// [`check_link`]), appended to it. The controller reads on this way at each refresh,
+    /// [`check_link`](crate::format::check_link)), appended to it. The controller reads on this way at each refresh,
     /// reading only the segments written since.
+    ///
+    /// A restore reads this way (from an empty chain, or on from one): a segment the store
+    /// answers with an error other than "not found" (a permission, an object archived or
+    /// under a key restatus does not hold) stops the chain before it, named, as a corrupt one
+    /// does, rather than failing the whole read; the point stays before it and the next read
+    /// tries it again. (The journal's own [`read_chain`](Self::read_chain) fails instead: it
+    /// must not take an unread segment for the end of its chain.)
     pub async fn read_chain_from(
+        &self,
+        chain: Chain,
+        base_time: jiff::Timestamp,
+        trusted: Option<&TrustedKeys>,
+    ) -> Result<Chain> {
+        self.read_chain_on(chain, base_time, trusted, true).await
+    }
+
+    async fn read_chain_on(
         &self,
         mut chain: Chain,
         base_time: jiff::Timestamp,
         trusted: Option<&TrustedKeys>,
+        stop_where_unreadable: bool,
     ) -> Result<Chain> {
         let base = &chain.base.clone();
         let known = chain.links.len();
         chain.stop = None;
         let entries = self.list_segments(base).await?;
-        let decryption = self.decryption.clone();
-        let open = move |m: &Manifest, p: Payload| open_payload(m, p, decryption.as_deref(), None);
         let last_header = entries.iter().filter(|e| e.header).map(|e| e.sequence).max();
         let Some(last_header) = last_header else { return Ok(chain) };
         loop {
@@ -220,7 +280,6 @@ impl SnapshotStore {
             if sequence > last_header {
                 break;
             }
-            let what = segment_name(base, sequence);
             let stop = |reason: String| Some(ChainStop { sequence, reason });
             let entry = entries.iter().find(|e| e.sequence == sequence && e.header);
             let result = match entry {
@@ -228,35 +287,11 @@ impl SnapshotStore {
                     let next = entries.iter().filter(|e| e.header && e.sequence > sequence).map(|e| e.sequence).min();
                     Err(format!("is missing (the next segment found is {})", next.unwrap_or(sequence)))
                 }
-                Some(_) => {
-                    let header_path = self.segment_path(base, sequence, SEGMENT_HEADER_SUFFIX);
-                    match self.segment_object(&header_path, MAX_SEGMENT_HEADER).await? {
-                        Err(reason) => Err(format!("is corrupt: {reason}")),
-                        Ok(None) => Err("is missing (no header)".to_string()),
-                        Ok(Some(header)) => {
-                            let signature = match trusted {
-                                None => None,
-                                Some(keys) => {
-                                    Some(self.check_segment_signature(keys, base, sequence, &what, &header).await?)
-                                }
-                            };
-                            let payload_path = self.segment_path(base, sequence, SEGMENT_PAYLOAD_SUFFIX);
-                            let limit = self.max_payload;
-                            let payload = match self.segment_object(&payload_path, limit).await? {
-                                Err(reason) => Err(format!("is corrupt: {reason}")),
-                                Ok(payload) => Ok(payload.map(Payload::from)),
-                            };
-                            match payload {
-                                Err(reason) => Err(reason),
-                                Ok(payload) => {
-                                    let candidate =
-                                        Candidate { sequence, header: Some(&header), signature, payload, open: &open };
-                                    check_link(&chain, self.cluster_id(), base_time, candidate)
-                                }
-                            }
-                        }
-                    }
-                }
+                Some(_) => match self.read_link(&chain, sequence, base_time, trusted).await {
+                    Ok(result) => result,
+                    Err(e @ Error::Store { .. }) if stop_where_unreadable => Err(format!("cannot be read: {e}")),
+                    Err(e) => return Err(e),
+                },
             };
             match result {
                 Ok(link) => chain.links.push(link),
@@ -344,7 +379,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::fixtures::{record, ts, uuid};
+    use crate::fixtures::{ScriptedStore, record, ts, uuid};
     use crate::format::{PayloadEncoder, Recipients, Record, tombstone};
 
     const BASE_TIME: &str = "2026-11-30T09:00:00Z";
@@ -511,6 +546,118 @@ mod tests {
         store.store.put(&header, Bytes::from_static(b"{not json").into()).await.unwrap();
         let reason = store.journal_listing(&base).await.unwrap().newest.unwrap().unwrap_err();
         assert!(reason.contains("segment 3 of base") && reason.contains("not valid"), "{reason}");
+    }
+
+    /// A store that counts the bytes each GET pulls (see [`ScriptedStore`]).
+    fn scripted() -> (std::sync::Arc<ScriptedStore>, SnapshotStore) {
+        let scripted = ScriptedStore::new();
+        let store = SnapshotStore::new(scripted.clone(), "", "c", "scripted://".into()).unwrap();
+        (scripted, store)
+    }
+
+    /// Writes segment `seq` (after `chain`) whose payload object is `payload` and whose header
+    /// declares `declared` bytes for it (sha256 of `payload`).
+    async fn plant(
+        store: &SnapshotStore,
+        chain: &Chain,
+        payload: Vec<u8>,
+        declared: u64,
+        key: Option<&SigningKey>,
+    ) -> SegmentHeader {
+        let (_, mut summary) = encode(&[server("s", "planted")], None);
+        summary.size = declared;
+        summary.sha256 = crate::format::sha256_hex(&payload);
+        let from = chain.links.last().map_or(ts(BASE_TIME), |l| l.header.to);
+        let mut header = SegmentHeader::new(
+            "c",
+            &chain.base,
+            chain.next_sequence(),
+            chain.last_sha256(),
+            from,
+            from + jiff::SignedDuration::from_secs(5),
+            BTreeMap::new(),
+            (1, 0),
+            summary,
+            None,
+        );
+        store.put_segment(&mut header, payload, key).await.unwrap();
+        header
+    }
+
+    /// 8 MiB where a segment's records belong: well under the payload limit (1 GiB), far over
+    /// what a segment of one record holds.
+    fn big() -> Vec<u8> {
+        (0..8u32 << 20).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// F140: a segment whose signature is refused is never downloaded, however large its
+    /// records: the chain stops at its header. (Before, its records were read whole into memory
+    /// before the signature was looked at.) Without keys, the same segment is read, spilled and
+    /// found corrupt: the counter sees what a read pulls.
+    #[tokio::test]
+    async fn a_segment_whose_signature_is_refused_is_never_downloaded() {
+        let (scripted, store) = scripted();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        let key = SigningKey::generate();
+        let trusted = TrustedKeys::new([key.public_key()]);
+        append(&store, &base, &[server("s", "a")], Some(&key)).await;
+        let chain = store.read_chain(&base, ts(BASE_TIME), Some(&trusted)).await.unwrap();
+        let big = big();
+        let size = big.len() as u64;
+        plant(&store, &chain, big, size, Some(&SigningKey::generate())).await;
+        let payload = store.segment_object_path(&base, 2, SEGMENT_PAYLOAD_SUFFIX);
+
+        let chain = store.read_chain(&base, ts(BASE_TIME), Some(&trusted)).await.unwrap();
+        let stop = chain.stop.unwrap();
+        assert_eq!((chain.links.len(), stop.sequence), (1, 2));
+        assert!(stop.reason.starts_with("signature refused"), "{}", stop.reason);
+        assert_eq!(scripted.bytes_read(&payload), 0, "the records of a refused segment were downloaded");
+
+        let chain = store.read_chain(&base, ts(BASE_TIME), None).await.unwrap();
+        assert!(chain.stop.unwrap().reason.contains("corrupt"));
+        assert_eq!(scripted.bytes_read(&payload), size, "read, without keys");
+    }
+
+    /// F141: an object at a segment's records larger than its header declares is refused
+    /// before its body is read (before: sized by a HEAD, then read whole when under the limit);
+    /// and one that announces the declared size but sends more is cut off one chunk past it.
+    #[tokio::test]
+    async fn records_larger_than_their_header_declares_are_not_read() {
+        let (scripted, store) = scripted();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        plant(&store, &Chain::empty(base.clone()), big(), 1_000, None).await;
+        let payload = store.segment_object_path(&base, 1, SEGMENT_PAYLOAD_SUFFIX);
+        let chain = store.read_chain(&base, ts(BASE_TIME), None).await.unwrap();
+        let reason = chain.stop.unwrap().reason;
+        assert!(reason.contains("8388608 bytes") && reason.contains("declares 1000"), "{reason}");
+        assert_eq!(scripted.bytes_read(&payload), 0);
+
+        // Announced as 1 byte, as declared, and 8 MiB sent.
+        let other = SnapshotId::new(ts("2026-11-30T10:00:00Z"));
+        plant(&store, &Chain::empty(other.clone()), big(), 1, None).await;
+        let payload = store.segment_object_path(&other, 1, SEGMENT_PAYLOAD_SUFFIX);
+        scripted.understate(payload.as_ref());
+        let chain = store.read_chain(&other, ts(BASE_TIME), None).await.unwrap();
+        let reason = chain.stop.unwrap().reason;
+        assert!(reason.contains("more than the 1 bytes"), "{reason}");
+        assert_eq!(scripted.bytes_read(&payload), ScriptedStore::CHUNK as u64);
+    }
+
+    /// F142: a segment header is read no further than a header can be, whatever size the store
+    /// announced (before: a HEAD, then the GET read whole).
+    #[tokio::test]
+    async fn a_segment_header_is_read_no_further_than_its_limit() {
+        let (scripted, store) = scripted();
+        let base = SnapshotId::new(ts(BASE_TIME));
+        append(&store, &base, &[server("s", "a")], None).await;
+        let header = store.segment_object_path(&base, 1, SEGMENT_HEADER_SUFFIX);
+        store.store.put(&header, Bytes::from(big()).into()).await.unwrap();
+        scripted.understate(header.as_ref());
+        let chain = store.read_chain(&base, ts(BASE_TIME), None).await.unwrap();
+        let reason = chain.stop.unwrap().reason;
+        assert!(reason.contains("more than it can have"), "{reason}");
+        let read = scripted.bytes_read(&header);
+        assert!(read <= MAX_SEGMENT_HEADER + ScriptedStore::CHUNK as u64, "{read} bytes of the header read");
     }
 
     #[tokio::test]

@@ -278,45 +278,29 @@ impl SnapshotStore {
         Ok((manifest, Some(signer)))
     }
 
-    /// A snapshot's signature object, if it has one.
+    /// A snapshot's signature object, if it has one; one larger than a signature can be is
+    /// refused before its body is read (and, should the store send more than it announced,
+    /// once more than that has arrived).
     async fn signature(&self, id: &SnapshotId) -> Result<Option<Bytes>> {
         let path = self.signature_path(id);
-        let context = || format!("read signature of snapshot {id}");
-        match self.store.head(&path).await {
-            Ok(meta) if meta.size > MAX_SIGNATURE => {
-                let reason = format!("{SIGNATURE_FILE} has {} bytes, more than a signature can have", meta.size);
-                return Err(Error::BadSignature { snapshot: id.to_string(), reason });
+        match self.read_small(&path, MAX_SIGNATURE).await {
+            Ok(Small::Read(bytes)) => Ok(Some(bytes)),
+            Ok(Small::Missing) => Ok(None),
+            Ok(Small::TooLarge(size)) => {
+                let reason = format!("{SIGNATURE_FILE} has {size} bytes, more than a signature can have");
+                Err(Error::BadSignature { snapshot: id.to_string(), reason })
             }
-            Ok(_) => {}
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(Error::store(context(), e)),
-        }
-        match self.store.get(&path).await {
-            Ok(result) => result.bytes().await.map(Some).map_err(|e| Error::store(context(), e)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Error::store(context(), e)),
+            Err(e) => Err(Error::store(format!("read signature of snapshot {id}"), e)),
         }
     }
 
     async fn manifest_and_bytes(&self, id: &SnapshotId) -> Result<(Manifest, Bytes)> {
-        match self.store.head(&self.manifest_path(id)).await {
-            Ok(meta) if meta.size > MAX_MANIFEST => {
-                let reason =
-                    format!("manifest has {} bytes, more than a manifest can have ({MAX_MANIFEST})", meta.size);
+        let bytes = match self.read_small(&self.manifest_path(id), MAX_MANIFEST).await {
+            Ok(Small::Read(bytes)) => bytes,
+            Ok(Small::Missing) => return Err(Error::SnapshotNotFound(id.to_string())),
+            Ok(Small::TooLarge(size)) => {
+                let reason = format!("manifest has {size} bytes, more than a manifest can have ({MAX_MANIFEST})");
                 return Err(Error::corrupt(id, reason));
-            }
-            Ok(_) => {}
-            Err(object_store::Error::NotFound { .. }) => return Err(Error::SnapshotNotFound(id.to_string())),
-            Err(e) => return Err(Error::store(format!("read manifest of snapshot {id}"), e)),
-        }
-        let bytes = match self.store.get(&self.manifest_path(id)).await {
-            Ok(result) => result.bytes().await,
-            Err(e) => Err(e),
-        };
-        let bytes = match bytes {
-            Ok(bytes) => bytes,
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::SnapshotNotFound(id.to_string()));
             }
             Err(e) => return Err(Error::store(format!("read manifest of snapshot {id}"), e)),
         };
@@ -332,6 +316,77 @@ impl SnapshotStore {
             });
         }
         Ok((manifest, bytes))
+    }
+
+    /// A small object (a manifest, a signature, a segment header), read whole only when it has
+    /// at most `limit` bytes: one GET, its announced size checked before its body is read, and
+    /// the body read no further than `limit` (a store that sends more than it announced is
+    /// cut off there). Never sized by a HEAD and then read unbounded: the object can be
+    /// replaced between the two.
+    pub(super) async fn read_small(&self, path: &Path, limit: u64) -> object_store::Result<Small> {
+        let result = match self.store.get(path).await {
+            Ok(result) => result,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Small::Missing),
+            Err(e) => return Err(e),
+        };
+        if result.meta.size > limit {
+            return Ok(Small::TooLarge(result.meta.size));
+        }
+        let mut body = result.into_stream();
+        let mut bytes = Vec::with_capacity(result_capacity(limit));
+        while let Some(chunk) = body.try_next().await? {
+            if (bytes.len() + chunk.len()) as u64 > limit {
+                return Ok(Small::TooLarge((bytes.len() + chunk.len()) as u64));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(Small::Read(Bytes::from(bytes)))
+    }
+
+    /// A payload's stored bytes (a snapshot's, or a segment's with its header as `manifest`),
+    /// read through one GET: its announced size checked against `manifest`'s and against the
+    /// limit ([`with_max_payload`](Self::with_max_payload)) before its body is read, the body
+    /// read no further than the declared size, spilled into a temporary file above
+    /// [`SPILL_ABOVE`], and its size and sha256 checked once read. Errors name `what`'s
+    /// snapshot as `manifest` does.
+    pub(super) async fn read_payload(&self, path: &Path, manifest: &Manifest) -> Result<Payload> {
+        let id = &manifest.snapshot_id;
+        let read_error = |e| payload_error(id, e);
+        let spill_error = |e| Error::io(format!("spill payload of snapshot {id}"), e);
+        let download = self.store.get(path).await.map_err(read_error)?;
+        let declared = manifest.payload.size;
+        let size = download.meta.size;
+        if size != declared {
+            let reason = format!("payload has {size} bytes, manifest declares {declared} (truncated or replaced)");
+            return Err(Error::corrupt(id, reason));
+        }
+        if size > self.max_payload {
+            return Err(Error::TooLarge { snapshot: id.to_string(), size, limit: self.max_payload });
+        }
+        let mut spill = match size > SPILL_ABOVE {
+            true => self.spill_writer(id),
+            false => None,
+        };
+        let mut memory = Vec::new();
+        let mut read = 0u64;
+        let mut body = download.into_stream();
+        while let Some(chunk) = body.try_next().await.map_err(read_error)? {
+            read += chunk.len() as u64;
+            if read > declared {
+                let reason = format!("payload has more than the {declared} bytes the manifest declares (replaced)");
+                return Err(Error::corrupt(id, reason));
+            }
+            match &mut spill {
+                Some(spill) => spill.write(&chunk).map_err(spill_error)?,
+                None => memory.extend_from_slice(&chunk),
+            }
+        }
+        let stored = match spill {
+            Some(spill) => spill.finish().map_err(spill_error)?,
+            None => Payload::from(memory),
+        };
+        stored.verify(manifest)?;
+        Ok(stored)
     }
 
     /// The payload, verified: the one read of a payload's bytes. Its stored size is checked
@@ -370,54 +425,16 @@ impl SnapshotStore {
     /// The payload's bytes as stored (ciphertext, when encrypted), size checked before they are
     /// downloaded, size and sha256 once they are; spilled above [`SPILL_ABOVE`].
     async fn verified_stored_payload(&self, manifest: &Manifest) -> Result<Payload> {
-        let size = self.check_payload_size(manifest).await?;
-        let id = &manifest.snapshot_id;
-        let read_error = |e| payload_error(id, e);
-        let spill_error = |e| Error::io(format!("spill payload of snapshot {id}"), e);
-        let download = self.store.get(&self.payload_path(id)).await.map_err(read_error)?;
-        let spill = match size > SPILL_ABOVE {
-            true => self.spill_writer(id),
-            false => None,
-        };
-        let stored = match spill {
-            None => Payload::from(download.bytes().await.map_err(read_error)?),
-            Some(mut spill) => {
-                let mut chunks = download.into_stream();
-                while let Some(chunk) = chunks.try_next().await.map_err(read_error)? {
-                    spill.write(&chunk).map_err(spill_error)?;
-                }
-                spill.finish().map_err(spill_error)?
-            }
-        };
-        stored.verify(manifest)?;
-        Ok(stored)
+        self.read_payload(&self.payload_path(&manifest.snapshot_id), manifest).await
     }
 
     /// A temporary file for a payload, or `None` (logged) where none can be made.
-    fn spill_writer(&self, id: &SnapshotId) -> Option<SpillWriter> {
+    pub(super) fn spill_writer(&self, id: &SnapshotId) -> Option<SpillWriter> {
         SpillWriter::create(self.spill_dir.as_deref())
             .inspect_err(
                 |e| warn!(snapshot = %id, error = %e, "no temporary file for the payload; holding it in memory"),
             )
             .ok()
-    }
-
-    /// The stored payload's size, checked against the manifest's and the limit.
-    async fn check_payload_size(&self, manifest: &Manifest) -> Result<u64> {
-        let id = &manifest.snapshot_id;
-        let path = self.payload_path(id);
-        let stored = self.store.head(&path).await.map_err(|e| payload_error(id, e))?.size;
-        if stored != manifest.payload.size {
-            let reason = format!(
-                "payload has {stored} bytes, manifest declares {} (truncated or replaced)",
-                manifest.payload.size
-            );
-            return Err(Error::corrupt(id, reason));
-        }
-        if stored > self.max_payload {
-            return Err(Error::TooLarge { snapshot: id.to_string(), size: stored, limit: self.max_payload });
-        }
-        Ok(stored)
     }
 
     /// Reads a snapshot and checks it end to end: manifest, size, sha256, decompressed size,
@@ -483,10 +500,28 @@ impl SnapshotStore {
     }
 }
 
+/// The reason a snapshot (or a segment) whose payload is not there is corrupt.
+pub(super) const PAYLOAD_MISSING: &str = "payload is missing";
+
+/// What a bounded read of a small object found.
+#[derive(Debug)]
+pub(super) enum Small {
+    Missing,
+    /// Larger than the limit: its announced size, or as much as had arrived when the read
+    /// stopped.
+    TooLarge(u64),
+    Read(Bytes),
+}
+
+/// What a small object's buffer starts with: most are far below their limit.
+fn result_capacity(limit: u64) -> usize {
+    limit.min(64 << 10) as usize
+}
+
 /// A failed HEAD or GET of a snapshot's payload: a missing one makes the snapshot corrupt.
 fn payload_error(id: &SnapshotId, e: object_store::Error) -> Error {
     match e {
-        object_store::Error::NotFound { .. } => Error::corrupt(id, "payload is missing"),
+        object_store::Error::NotFound { .. } => Error::corrupt(id, PAYLOAD_MISSING),
         e => Error::store(format!("read payload of snapshot {id}"), e),
     }
 }
@@ -575,6 +610,45 @@ mod tests {
         replace_payload(&store, id, bytes[..bytes.len() - 1].to_vec()).await;
         let err = store.verified_payload(&m).await.unwrap_err().to_string();
         assert!(err.contains(id.as_str()) && err.contains("truncated"), "{err}");
+    }
+
+    /// F142: a manifest, a signature and a payload are read no further than they can be,
+    /// whatever size the store announces (as for an object replaced between a HEAD and its
+    /// GET): before, each was sized by a HEAD and then read whole.
+    #[tokio::test]
+    async fn objects_are_read_no_further_than_their_limits_whatever_size_is_announced() {
+        let scripted = crate::fixtures::ScriptedStore::new();
+        let chunk = crate::fixtures::ScriptedStore::CHUNK as u64;
+        let store = SnapshotStore::new(scripted.clone(), "", "c", "scripted://".into()).unwrap();
+        let key = SigningKey::generate();
+        let m = crate::fixtures::snapshot(&records()).signed_with(&key).write(&store).await;
+        let id = &m.snapshot_id;
+        let trusted = TrustedKeys::new([key.public_key()]);
+        let big = |n: u64| bytes::Bytes::from(vec![b' '; n as usize]);
+
+        store.store.put(&store.signature_path(id), big(4 << 20).into()).await.unwrap();
+        scripted.understate(store.signature_path(id).as_ref());
+        let err = store.verified_manifest(id, Some(&trusted)).await.unwrap_err().to_string();
+        assert!(err.contains("more than a signature can have"), "{err}");
+        assert!(scripted.bytes_read(&store.signature_path(id)) <= MAX_SIGNATURE + chunk);
+
+        let mut payload = stored_bytes(&store, id).await;
+        payload.extend(std::iter::repeat_n(0u8, 8 << 20));
+        replace_payload(&store, id, payload).await;
+        scripted.understate(store.payload_path(id).as_ref());
+        let mut declared = m.clone();
+        declared.payload.size = 1;
+        let before = scripted.bytes_read(&store.payload_path(id));
+        let err = store.verified_payload(&declared).await.unwrap_err().to_string();
+        assert!(err.contains("more than the 1 bytes"), "{err}");
+        assert_eq!(scripted.bytes_read(&store.payload_path(id)) - before, chunk);
+
+        store.store.put(&store.manifest_path(id), big(MAX_MANIFEST + (8 << 20)).into()).await.unwrap();
+        scripted.understate(store.manifest_path(id).as_ref());
+        let before = scripted.bytes_read(&store.manifest_path(id));
+        let err = store.manifest(id).await.unwrap_err().to_string();
+        assert!(err.contains("more than a manifest can have"), "{err}");
+        assert!(scripted.bytes_read(&store.manifest_path(id)) - before <= MAX_MANIFEST + chunk);
     }
 
     /// An encrypted payload: refused by name without keys (its stored bytes still verify, and a
