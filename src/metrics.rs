@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::format::Manifest;
+use crate::format::{Manifest, TrustedKeys};
 use crate::store::SnapshotStore;
 
 /// The content type of `/metrics`: the text encoder writes OpenMetrics 1.0.
@@ -86,14 +86,17 @@ impl NewestSnapshotMetrics {
         self.bytes.get_or_create(&label).set(bytes);
     }
 
-    /// Lists the store and reads the newest complete manifest. On an error the gauges keep
-    /// their last values (the alert on age still fires when the listing keeps failing).
-    pub async fn refresh(&self, store: &SnapshotStore) -> crate::Result<Option<Manifest>> {
-        let entries = store.list().await?;
-        let manifest = match entries.iter().rev().find(|e| e.complete) {
-            Some(entry) => Some(store.manifest(&entry.id).await?),
-            None => None,
-        };
+    /// Lists the store and reads the newest complete manifest; with `trusted` keys (those the
+    /// run has), the newest one of them signed ([`crate::store::newest_verified`]): a forged
+    /// manifest, however new its date, never silences the alert on the backups' age nor
+    /// decides the consistency gauge. On an error the gauges keep their last values (the
+    /// alert on age still fires when the listing keeps failing).
+    pub async fn refresh(
+        &self,
+        store: &SnapshotStore,
+        trusted: Option<&TrustedKeys>,
+    ) -> crate::Result<Option<Manifest>> {
+        let manifest = crate::store::newest_verified(store, None, trusted).await?.map(|(manifest, _)| manifest);
         self.observe(store.cluster_id(), manifest.as_ref());
         Ok(manifest)
     }
@@ -200,7 +203,7 @@ mod tests {
     async fn newest_snapshot_metrics_come_from_the_newest_complete_manifest() {
         let store = SnapshotStore::open("memory://", "c").unwrap();
         let metrics = crate::controller::metrics::Metrics::default();
-        assert!(metrics.newest.refresh(&store).await.unwrap().is_none());
+        assert!(metrics.newest.refresh(&store, None).await.unwrap().is_none());
         let text = metrics.render();
         assert_eq!(
             line(&text, "restatus_snapshot_newest_records"),
@@ -221,7 +224,7 @@ mod tests {
         let pending = SnapshotId::new("2026-11-30T12:00:00Z".parse().unwrap());
         store.object_store().put(&store.payload_path(&pending), bytes::Bytes::from_static(b"x").into()).await.unwrap();
 
-        let read = metrics.newest.refresh(&store).await.unwrap().unwrap();
+        let read = metrics.newest.refresh(&store, None).await.unwrap().unwrap();
         assert_eq!(read.snapshot_id, newest.snapshot_id);
         let text = metrics.render();
         let value = |name: &str| line(&text, name).and_then(|l| l.rsplit(' ').next()).map(str::to_string);
@@ -231,5 +234,36 @@ mod tests {
         let at: f64 = value("restatus_snapshot_newest_timestamp_seconds").unwrap().parse().unwrap();
         assert_eq!(at, new.as_second() as f64);
         assert!(text.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF: {text}");
+    }
+
+    /// F144: with the run's keys, a forged manifest dated 2999 (unsigned, consistent) sets
+    /// neither the newest snapshot's time (the alert on the backups' age stays armed) nor its
+    /// consistency: the gauges are the newest signed snapshot's. Without keys, the newest as it is.
+    #[tokio::test]
+    async fn a_forged_manifest_never_sets_the_newest_snapshot_gauges() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let metrics = crate::controller::metrics::Metrics::default();
+        let key = crate::format::SigningKey::generate();
+        let trusted = TrustedKeys::new([key.public_key()]);
+        let signed: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        let mut real = fixtures::manifest(SnapshotId::new(signed), signed);
+        real.consistency = Some(Consistency { consistent: false, attempts: 3, reasons: vec![], reason_count: 1 });
+        store.put_signed_manifest(&mut real, &key).await.unwrap();
+        let forged: Timestamp = "2999-01-01T00:00:00Z".parse().unwrap();
+        store.put_manifest(&fixtures::manifest(SnapshotId::new(forged), forged)).await.unwrap();
+
+        let value = |name: &str| {
+            let text = metrics.render();
+            line(&text, name).and_then(|l| l.rsplit(' ').next()).map(str::to_string).unwrap()
+        };
+        let read = metrics.newest.refresh(&store, Some(&trusted)).await.unwrap().unwrap();
+        assert_eq!(read.snapshot_id, real.snapshot_id);
+        let at: f64 = value("restatus_snapshot_newest_timestamp_seconds").parse().unwrap();
+        assert_eq!(at, signed.as_second() as f64, "the forged date silences the stale-backup alert");
+        assert_eq!(value("restatus_snapshot_newest_consistent"), "0");
+
+        metrics.newest.refresh(&store, None).await.unwrap();
+        let at: f64 = value("restatus_snapshot_newest_timestamp_seconds").parse().unwrap();
+        assert_eq!(at, forged.as_second() as f64, "without keys: the newest as it is");
     }
 }

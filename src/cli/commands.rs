@@ -163,14 +163,14 @@ async fn schedule(
     let policy = args.retention.policy();
     let keys = options.trusted.as_deref().cloned();
     info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
-    if let Err(e) = metrics.newest.refresh(store).await {
+    if let Err(e) = metrics.newest.refresh(store, keys.as_ref()).await {
         warn!(error = %e, "cannot read the newest snapshot for the metrics");
     }
     let job = || async {
         let started = std::time::Instant::now();
         let result = backup::run(&client, store, &options).await;
         // The bucket's view first: a scrape that counts this backup sees its snapshot.
-        if let Err(e) = metrics.newest.refresh(store).await {
+        if let Err(e) = metrics.newest.refresh(store, keys.as_ref()).await {
             warn!(error = %e, "cannot read the newest snapshot for the metrics");
         }
         metrics.backup_finished(result.as_ref().ok(), started.elapsed());
@@ -401,6 +401,9 @@ async fn controller(
         k8s::client::fenced_client(g.kubeconfig.as_deref(), g.context.as_deref(), &fence, &write_limit).await?;
     let timing = LeaseTiming { duration: args.lease_duration };
     let lease_client = k8s::client::lease_client(g.kubeconfig.as_deref(), g.context.as_deref(), &timing).await?;
+    // The keys the run judges its bucket by: the trusted keys, and on the source the public
+    // half of the signing key its final snapshots are signed with.
+    let mut keys = trusted.clone();
     let role = match args.role {
         Role::Target => ControllerRole::Target,
         Role::Source => {
@@ -410,8 +413,10 @@ async fn controller(
                 recipients: recipients(&args.encryption)?,
                 ..BackupOptions::new(profile.clone())
             };
+            keys = run_keys(trusted.as_deref(), backup.signing_key.as_deref()).map(Arc::new);
             let handshake =
-                Handshake::new(client.clone(), store.clone(), backup, args.interval, args.cluster_namespace.clone());
+                Handshake::new(client.clone(), store.clone(), backup, args.interval, args.cluster_namespace.clone())
+                    .with_trusted_keys(keys.clone());
             ControllerRole::Source(Box::new(handshake))
         }
     };
@@ -421,7 +426,7 @@ async fn controller(
         force: args.force,
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
-        trusted_keys: trusted,
+        trusted_keys: keys,
         // Twice the writes it may let through: an object spends part of its reconcile reading
         // (a claim) and planning, and the writes' slots stay full meanwhile.
         concurrency: 2 * args.limit.objects_in_flight(args.limit.concurrency),
@@ -695,7 +700,7 @@ async fn snapshot_at(
         }
         None => (id, point.at),
     };
-    let id = store::resolve_at(store, id, at).await?;
+    let id = store::resolve_at(store, id, at, trusted).await?;
     Ok(store::snapshot_at(store, &id, trusted, !point.no_journal, at, records).await?)
 }
 
@@ -713,7 +718,7 @@ fn log_point(manifest: &restatus::format::Manifest, point: Option<&store::Point>
 }
 
 async fn verify(store: &SnapshotStore, id: &str, out: OutputArgs, trusted: Option<&TrustedKeys>) -> Result<()> {
-    let id = store::resolve(store, id).await?;
+    let id = store::resolve_at(store, id, None, trusted).await?;
     let result = store.load_verified(&id, trusted, |_| Ok(())).await;
     let (ok, detail, signer) = match &result {
         Ok((m, signer)) => {

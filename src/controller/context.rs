@@ -302,7 +302,7 @@ pub(super) async fn export_newest(ctx: Arc<Context>, period: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(e) = ctx.metrics.newest.refresh(&ctx.store).await {
+        if let Err(e) = ctx.metrics.newest.refresh(&ctx.store, ctx.options.trusted_keys.as_deref()).await {
             warn!(error = %e, "cannot read the newest snapshot for the metrics");
         }
     }

@@ -27,7 +27,7 @@
 //!    not drive the same hardware.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -42,7 +42,7 @@ use crate::domain::annotations::{
 use crate::domain::identity::KindProfile;
 use crate::domain::live::LiveObject;
 use crate::domain::object::RawObject;
-use crate::format::Manifest;
+use crate::format::{Manifest, TrustedKeys};
 use crate::k8s::{Annotated, annotate, events, get_object, list_objects};
 use crate::moving::cluster::{self, ClusterView};
 use crate::moving::graph::MovePlan;
@@ -132,6 +132,9 @@ pub struct Handshake {
     pub interval: Duration,
     /// Guard only the Clusters of this namespace (the one `clusterctl move -n` moves).
     pub cluster_namespace: Option<String>,
+    /// The keys the final snapshot is read back with (the run's trusted keys and the public
+    /// half of its signing key): `None`, not checked.
+    trusted: Option<Arc<TrustedKeys>>,
     recorder: Recorder,
 }
 
@@ -144,7 +147,14 @@ impl Handshake {
         cluster_namespace: Option<String>,
     ) -> Self {
         let recorder = events::recorder(&client);
-        Handshake { client, store, backup, interval, cluster_namespace, recorder }
+        Handshake { client, store, backup, interval, cluster_namespace, trusted: None, recorder }
+    }
+
+    /// Reads the final snapshot back verified with `keys` (those the run has): one a forger
+    /// wrote at its name is not taken for it.
+    pub fn with_trusted_keys(mut self, keys: Option<Arc<TrustedKeys>>) -> Self {
+        self.trusted = keys;
+        self
     }
 
     /// Runs until `shutdown` completes.
@@ -245,7 +255,13 @@ impl Handshake {
     /// The final snapshot, read back and verified; `None` (logged) when it cannot be: then
     /// nothing shows its statuses are the quiesced ones, and it is taken again.
     async fn load(&self, id: &str) -> Option<Loaded> {
-        let accept = Accept { inconsistent: false, this_cluster: None, same_cluster: true, ..Accept::default() };
+        let accept = Accept {
+            inconsistent: false,
+            this_cluster: None,
+            same_cluster: true,
+            trusted: self.trusted.clone(),
+            ..Accept::default()
+        };
         let loaded = match id.parse() {
             Ok(id) => choose_snapshot(&self.store, Some(&id), &accept).await,
             Err(e) => Err(e),
@@ -570,6 +586,28 @@ mod tests {
     /// `operation-was` (the target's release would have replayed it: a second reset). The
     /// reset changed the Server's status after the final snapshot: the quiesce names it as
     /// moved on, so the final snapshot is taken again (F62).
+    /// F147: the handshake reads its final snapshot back with the run's keys: a manifest a
+    /// forger wrote at its name (unsigned) is not taken for it (and the snapshot is taken
+    /// again); the one the run signed is.
+    #[tokio::test]
+    async fn the_final_snapshot_is_read_back_with_the_runs_keys() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let key = crate::format::SigningKey::generate();
+        let keys = Arc::new(TrustedKeys::new([key.public_key()]));
+        let record = crate::fixtures::record("Server", "s1", &[crate::fixtures::uuid("u1")], serde_json::json!({}));
+        let records = [record];
+        let signed = crate::fixtures::snapshot(&records).signed_with(&key).write(&store).await;
+        let forged =
+            crate::fixtures::snapshot(&records).at(crate::fixtures::ts("2026-11-30T10:00:00Z")).write(&store).await;
+        let (client, _api) = crate::fixtures::api::client();
+        let backup = BackupOptions::new(crate::domain::identity::Profile::metal_operator());
+        let handshake = Handshake::new(client, store, backup, Duration::from_secs(1), None);
+        assert!(handshake.load(forged.snapshot_id.as_str()).await.is_some(), "without keys: not checked");
+        let handshake = handshake.with_trusted_keys(Some(keys));
+        assert!(handshake.load(forged.snapshot_id.as_str()).await.is_none(), "a forged final snapshot was believed");
+        assert!(handshake.load(signed.snapshot_id.as_str()).await.is_some());
+    }
+
     #[tokio::test]
     async fn a_reset_consumed_between_the_listing_and_the_quiesce_is_not_kept_for_a_replay() {
         use crate::fixtures::api::{self, answer, conflict};

@@ -29,7 +29,7 @@ use crate::moving::cluster::{self, ClusterView, MachineView};
 use crate::moving::discover::read_move_inputs;
 use crate::moving::graph::{self, MovePlan};
 use crate::moving::live::read_live;
-use crate::store::{Accept, SnapshotStore, choose_snapshot};
+use crate::store::{Accept, SnapshotStore, choose_snapshot, newest_verified};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -218,12 +218,12 @@ async fn freshness(
 ) -> Result<(Option<Vec<Blocker>>, Option<String>)> {
     // The newest snapshot encrypted, and no key to read it (the source holds none): its
     // statuses cannot be compared, and an older plain one is not the one a restore would use.
+    // With keys, the newest one a trusted key signed: a forged manifest says nothing.
     if !store.decrypts()
-        && let Some(newest) = store.list().await?.into_iter().rev().find(|e| e.complete)
-        && let Ok(manifest) = store.manifest(&newest.id).await
+        && let Ok(Some((manifest, _))) = newest_verified(store, None, trusted.as_deref()).await
         && let Some(encryption) = manifest.encryption
     {
-        let object = ObjectRef { kind: "Snapshot".into(), namespace: None, name: newest.id.to_string() };
+        let object = ObjectRef { kind: "Snapshot".into(), namespace: None, name: manifest.snapshot_id.to_string() };
         let reason = format!(
             "the newest snapshot is encrypted (to {}): without --decryption-key preflight cannot compare the live \
              statuses with it; --snapshot-when-ready takes a new one when the cluster is ready",
@@ -411,6 +411,36 @@ mod tests {
         let with_key = store.clone().with_decryption_keys(Some(keys));
         let (stale, compared) = freshness(&with_key, &profile, &objects, None).await.unwrap();
         assert_eq!((stale.unwrap().len(), compared), (0, Some(id.to_string())), "with the key: up to date");
+    }
+
+    /// F145: with keys, the newest-is-encrypted check reads the newest signed manifest: a
+    /// forged encrypted-looking one neither blocks preflight nor hides the real comparison.
+    #[tokio::test]
+    async fn the_encrypted_newest_check_believes_no_forged_manifest() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let key = crate::format::SigningKey::generate();
+        let trusted = std::sync::Arc::new(crate::format::TrustedKeys::new([key.public_key()]));
+        let now = json!({"state": "Reserved"});
+        let signed =
+            snapshot(&store, "2026-11-30T08:00:00Z", &[record("Server", "s1", &[uuid("u1")], now.clone())], Some(&key))
+                .await;
+        let (_, recipient) = crate::format::DecryptionKeys::generate(crate::fixtures::ts("2026-11-30T08:00:00Z"));
+        let to = crate::format::Recipients::load(std::slice::from_ref(&recipient)).unwrap().unwrap();
+        let forged = crate::fixtures::snapshot(&[record("Server", "s1", &[uuid("u1")], now.clone())])
+            .at(crate::fixtures::ts("2026-11-30T09:00:00Z"))
+            .encrypted_to(&to)
+            .write(&store)
+            .await;
+        let objects = [live("Server", "s1", &[uuid("u1")], Some(now))];
+        let profile = Profile::metal_operator();
+        let (stale, compared) = freshness(&store, &profile, &objects, Some(trusted)).await.unwrap();
+        assert_eq!(
+            compared.as_deref(),
+            Some(signed.as_str()),
+            "compared with the signed one, not {}",
+            forged.snapshot_id
+        );
+        assert_eq!(stale.unwrap().len(), 0);
     }
 
     fn consistent() -> Consistency {

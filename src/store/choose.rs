@@ -496,24 +496,53 @@ fn inconsistent(manifest: &Manifest) -> String {
 
 /// A snapshot id, or `latest`: the newest snapshot with a manifest.
 pub async fn resolve(store: &SnapshotStore, id: &str) -> Result<SnapshotId> {
-    resolve_at(store, id, None).await
+    resolve_at(store, id, None, None).await
 }
 
 /// [`resolve`], and with `at` (`latest@TIME`, `--at`), `latest` is the newest snapshot with a
-/// manifest captured at or before `at` (an id stays that id: `at` picks its journal's point).
-pub async fn resolve_at(store: &SnapshotStore, id: &str, at: Option<Timestamp>) -> Result<SnapshotId> {
+/// manifest captured at or before `at` (an id stays that id: `at` picks its journal's point);
+/// with `trusted` keys, the newest whose manifest one of them signed ([`newest_verified`]: a
+/// forged newer manifest is passed over, named, and never becomes `latest`).
+pub async fn resolve_at(
+    store: &SnapshotStore,
+    id: &str,
+    at: Option<Timestamp>,
+    trusted: Option<&TrustedKeys>,
+) -> Result<SnapshotId> {
     if id != "latest" {
         return id.parse();
     }
-    let entries = store.list().await?;
-    let by_then = |id: &SnapshotId| at.is_none_or(|at| id.timestamp().is_some_and(|t| t <= at));
-    match entries.into_iter().rev().find(|e| e.complete && by_then(&e.id)) {
-        Some(entry) => Ok(entry.id),
+    match newest_verified(store, at, trusted).await? {
+        Some((manifest, _)) => Ok(manifest.snapshot_id),
         None => match at {
             Some(at) => Err(Error::NoSnapshotAt { at: at.to_string(), location: store.location().to_string() }),
             None => Err(store.no_snapshot().await),
         },
     }
+}
+
+/// The manifest of the newest complete snapshot (captured at or before `at`, when given), and
+/// with `trusted` keys the newest whose manifest verifies: one unsigned or signed by another
+/// key is passed over (logged, named) before anything it says is believed, its date above all.
+/// Without keys, the newest manifest as it is (the run has no keys to judge it by). What the
+/// readers of "the newest snapshot" share: `latest`, the bucket's metrics, preflight's look at
+/// the newest snapshot. `None` when there is none.
+pub async fn newest_verified(
+    store: &SnapshotStore,
+    at: Option<Timestamp>,
+    trusted: Option<&TrustedKeys>,
+) -> Result<Option<(Manifest, Option<KeyId>)>> {
+    let by_then = |id: &SnapshotId| at.is_none_or(|at| id.timestamp().is_some_and(|t| t <= at));
+    for entry in store.list().await?.into_iter().rev().filter(|e| e.complete && by_then(&e.id)) {
+        match store.verified_manifest(&entry.id, trusted).await {
+            Ok(verified) => return Ok(Some(verified)),
+            Err(e @ (Error::Unsigned { .. } | Error::BadSignature { .. })) => {
+                warn!(snapshot = %entry.id, error = %e, "snapshot is not signed by a trusted key; passed over");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -726,6 +755,26 @@ mod tests {
         assert!(matches!(&err, Error::Store { .. }), "nothing readable: the store's error, not {err}");
     }
 
+    /// F146: with keys, `latest` (`snapshots show|diff|verify`) is the newest snapshot a
+    /// trusted key signed: a forged newer manifest is passed over, never shown as the newest.
+    #[tokio::test]
+    async fn latest_with_keys_is_the_newest_signed_snapshot() {
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let key = crate::format::SigningKey::generate();
+        let trusted = TrustedKeys::new([key.public_key()]);
+        let signed = crate::fixtures::snapshot(&[server("a", "On")])
+            .at(ts("2026-11-30T08:00:00Z"))
+            .signed_with(&key)
+            .write(&store)
+            .await;
+        let forged = write_snapshot(&store, "2999-01-01T00:00:00Z", &[server("a", "Off")], true).await;
+        assert_eq!(resolve_at(&store, "latest", None, None).await.unwrap(), forged.snapshot_id);
+        assert_eq!(resolve_at(&store, "latest", None, Some(&trusted)).await.unwrap(), signed.snapshot_id);
+        let (manifest, records, _) =
+            snapshot_at(&store, &signed.snapshot_id, Some(&trusted), true, None, true).await.unwrap();
+        assert_eq!((manifest.snapshot_id, records.len()), (signed.snapshot_id, 1));
+    }
+
     /// `latest` is the newest complete snapshot, `latest@TIME` the newest captured by then (one
     /// being written does not count), and none by then is an error naming the time; an id is
     /// that id, whatever the time.
@@ -744,11 +793,11 @@ mod tests {
         .unwrap();
         assert_eq!(resolve(&store, "latest").await.unwrap(), newer.snapshot_id);
         let at = |t: &str| Some(ts(t));
-        assert_eq!(resolve_at(&store, "latest", at("2026-11-30T08:59:59Z")).await.unwrap(), older.snapshot_id);
-        assert_eq!(resolve_at(&store, "latest", at("2026-11-30T09:00:00Z")).await.unwrap(), newer.snapshot_id);
-        let err = resolve_at(&store, "latest", at("2026-11-30T07:00:00Z")).await.unwrap_err();
+        assert_eq!(resolve_at(&store, "latest", at("2026-11-30T08:59:59Z"), None).await.unwrap(), older.snapshot_id);
+        assert_eq!(resolve_at(&store, "latest", at("2026-11-30T09:00:00Z"), None).await.unwrap(), newer.snapshot_id);
+        let err = resolve_at(&store, "latest", at("2026-11-30T07:00:00Z"), None).await.unwrap_err();
         assert!(matches!(&err, Error::NoSnapshotAt { at, .. } if at == "2026-11-30T07:00:00Z"), "{err}");
-        let id = resolve_at(&store, newer.snapshot_id.as_str(), at("2026-11-30T07:00:00Z")).await.unwrap();
+        let id = resolve_at(&store, newer.snapshot_id.as_str(), at("2026-11-30T07:00:00Z"), None).await.unwrap();
         assert_eq!(id, newer.snapshot_id);
     }
 }
