@@ -33,11 +33,11 @@ pub use records::Records;
 pub use segment::{
     Candidate, Chain, ChainStop, Folded, JOURNAL_DIR, Link, MAX_SEGMENT_HEADER, PointChoice, SEGMENT_FORMAT,
     SEGMENT_HEADER_SUFFIX, SEGMENT_PAYLOAD_SUFFIX, SEGMENT_SIGNATURE_SUFFIX, SegmentHeader, check_header, check_link,
-    check_records, choose_point, fold, is_tombstone, object_key, point, segment_file, segment_name, sha256_hex,
+    check_records, choose_point, fold, is_tombstone, merge, object_key, point, segment_file, segment_name, sha256_hex,
     tombstone,
 };
 pub use signature::{KeyId, MAX_SIGNATURE, PublicKey, SIGNATURE_FILE, SigningKey, TrustedKeys};
-pub use spill::{Payload, SpillWriter, verify_payload};
+pub use spill::{Payload, SpillFile, SpillWriter, verify_payload};
 
 /// The major format version this build writes and reads. Readers refuse other majors.
 pub const FORMAT_MAJOR: u32 = 1;

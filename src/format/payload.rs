@@ -28,6 +28,8 @@ pub struct PayloadEncoder {
     /// Ended frames not yet handed out.
     ended: Vec<u8>,
     frame_bytes: u64,
+    /// A frame is ended once it holds this many uncompressed bytes ([`FRAME_BYTES`]).
+    frame_limit: u64,
     frames: u64,
     line: Vec<u8>,
     hasher: Sha256,
@@ -53,6 +55,7 @@ impl PayloadEncoder {
             zstd: frame_encoder(level)?,
             ended: Vec::new(),
             frame_bytes: 0,
+            frame_limit: FRAME_BYTES,
             frames: 0,
             line: Vec::with_capacity(64 << 10),
             hasher: Sha256::new(),
@@ -63,6 +66,13 @@ impl PayloadEncoder {
             encryption: None,
             sealing_failed: None,
         })
+    }
+
+    /// Frames of about `bytes` instead of [`FRAME_BYTES`]: smaller frames for a payload whose
+    /// records are read out of order (each read decompresses its frame).
+    pub fn with_frame_bytes(mut self, bytes: u64) -> Self {
+        self.frame_limit = bytes.max(1);
+        self
     }
 
     /// An encoder whose output is encrypted to `recipients` (plain without them).
@@ -101,7 +111,7 @@ impl PayloadEncoder {
         self.uncompressed_size += self.line.len() as u64;
         self.frame_bytes += self.line.len() as u64;
         self.records += 1;
-        if self.frame_bytes >= FRAME_BYTES {
+        if self.frame_bytes >= self.frame_limit {
             self.end_frame()?;
         }
         Ok(())

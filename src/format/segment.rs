@@ -20,8 +20,8 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::{
-    CaptureSummary, Consistency, Encryption, FormatVersion, KeyId, KindCount, Manifest, PayloadInfo, PayloadSummary,
-    Record, Records, SnapshotId, decode_records,
+    CaptureSummary, Consistency, Encryption, FormatVersion, KeyId, KindCount, Manifest, Payload, PayloadInfo,
+    PayloadSummary, Record, Records, SnapshotId, decode_records,
 };
 use crate::Error;
 
@@ -233,9 +233,35 @@ pub struct Link {
     pub header: SegmentHeader,
     /// Hex sha256 of the header's bytes as stored.
     pub sha256: String,
-    pub records: Vec<Record>,
+    /// Its records, verified (and decrypted) but not held decoded: compressed, in memory or in
+    /// a temporary file (a chain's reader spills every segment into one); decoded one at a time
+    /// when visited ([`Link::visit`]).
+    pub payload: Payload,
     /// The trusted key whose signature was checked (`None`: keys were not checked).
     pub signer: Option<KeyId>,
+}
+
+impl Link {
+    /// Hands each of its records to `visit`, in order, decoding them one frame at a time.
+    pub fn visit(&self, visit: impl FnMut(Record) -> Result<(), Error>) -> Result<(), Error> {
+        decode_records(&self.header.payload_manifest(), self.payload.clone(), visit).map(drop)
+    }
+
+    /// Its records, decoded, all at once.
+    pub fn records(&self) -> Result<Vec<Record>, Error> {
+        let mut records = Vec::with_capacity(self.header.payload.records.min(1 << 16) as usize);
+        self.visit(|r| {
+            records.push(r);
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
+    /// The link without its records (its header and hash are all a chain read on from it needs).
+    pub fn without_records(mut self) -> Link {
+        self.payload = Payload::Memory(Default::default());
+        self
+    }
 }
 
 /// Where a chain stops before its last segment, and why.
@@ -253,11 +279,14 @@ pub struct Chain {
     pub base: SnapshotId,
     pub links: Vec<Link>,
     pub stop: Option<ChainStop>,
+    /// The temporary file its reader spills the segments' records into, one after another
+    /// (made at the first segment read; shared by the chains read on from this one).
+    pub spill: Option<std::sync::Arc<super::SpillFile>>,
 }
 
 impl Chain {
     pub fn empty(base: SnapshotId) -> Chain {
-        Chain { base, links: vec![], stop: None }
+        Chain { base, links: vec![], stop: None, spill: None }
     }
 
     /// The sequence number the next segment gets.
@@ -381,22 +410,22 @@ pub fn check_records(
         ));
     }
     let payload = open(&manifest, payload).map_err(invalid)?;
-    let mut records = Vec::with_capacity(header.payload.records.min(1 << 16) as usize);
-    decode_records(&manifest, payload, |r| {
-        records.push(r);
+    let (mut changed, mut deleted) = (0u64, 0u64);
+    decode_records(&manifest, payload.clone(), |r| {
+        match is_tombstone(&r) {
+            true => deleted += 1,
+            false => changed += 1,
+        }
         Ok(())
     })
     .map_err(invalid)?;
-    let deleted = records.iter().filter(|r| is_tombstone(r)).count() as u64;
-    if deleted != header.deleted || records.len() as u64 - deleted != header.changed {
+    if deleted != header.deleted || changed != header.changed {
         return Err(format!(
-            "is corrupt: it holds {} changes and {deleted} deletions, its header says {} and {}",
-            records.len() as u64 - deleted,
-            header.changed,
-            header.deleted
+            "is corrupt: it holds {changed} changes and {deleted} deletions, its header says {} and {}",
+            header.changed, header.deleted
         ));
     }
-    Ok(Link { sha256: sha256_hex(bytes), header, records, signer })
+    Ok(Link { sha256: sha256_hex(bytes), header, payload, signer })
 }
 
 fn strip(what: &str, message: String) -> String {
@@ -451,14 +480,13 @@ pub fn choose_point(
 /// segment's records replacing those of the same object (kind, namespace, name), tombstones
 /// removing them and new objects added after the base's, in chain order.
 pub fn point(base: &Records, links: &[Link]) -> Result<Vec<Record>, Error> {
+    let decoded: Vec<Vec<Record>> = links.iter().map(Link::records).collect::<Result<_, _>>()?;
     let mut latest: HashMap<String, &Record> = HashMap::new();
     let mut order: Vec<String> = Vec::new();
-    for link in links {
-        for record in &link.records {
-            let key = object_key(record);
-            if latest.insert(key.clone(), record).is_none() {
-                order.push(key);
-            }
+    for record in decoded.iter().flatten() {
+        let key = object_key(record);
+        if latest.insert(key.clone(), record).is_none() {
+            order.push(key);
         }
     }
     let mut out = Vec::with_capacity(base.len() + order.len());
@@ -476,6 +504,139 @@ pub fn point(base: &Records, links: &[Link]) -> Result<Vec<Record>, Error> {
         }
     }
     Ok(out)
+}
+
+/// Frames of the payload [`merge`] holds the chain's newest records in: read out of order (in
+/// the base's), so small, that each read decompresses little.
+const WINNER_FRAME_BYTES: u64 = 16 << 10;
+
+/// The records at the point `applied` segments into the chain, as [`point`] merges them (same
+/// records, same order), without holding them decoded: each segment's records are visited
+/// twice (the newest record of each object found, then those written into a payload of their
+/// own), the base's once, and the merged records are written into a new payload as they come,
+/// indexed as a snapshot's are ([`Records::decode`]: some 32 bytes a record). `spill` gives each
+/// of the two payloads a temporary file (`None`: in memory). Memory holds one name per object
+/// the chain changed and the indexes, whatever the chain holds; `snapshot` names the point in
+/// errors.
+pub fn merge(
+    base: &Records,
+    links: &[Link],
+    snapshot: &SnapshotId,
+    mut spill: impl FnMut() -> Option<super::SpillWriter>,
+) -> Result<Records, Error> {
+    /// Where the newest record of an object is: (segment, record) while the chain is read,
+    /// then its place in the winners' payload, or gone.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Newest {
+        At(usize, u64),
+        Winner(usize),
+        Gone,
+    }
+    let mut latest: HashMap<String, Newest> = HashMap::new();
+    let mut order: Vec<String> = Vec::new();
+    for (l, link) in links.iter().enumerate() {
+        let mut n = 0u64;
+        link.visit(|record| {
+            let key = object_key(&record);
+            if latest.insert(key.clone(), Newest::At(l, n)).is_none() {
+                order.push(key);
+            }
+            n += 1;
+            Ok(())
+        })?;
+    }
+    let mut winners = Writer::new(snapshot, spill(), WINNER_FRAME_BYTES)?;
+    let mut won = 0usize;
+    for (l, link) in links.iter().enumerate() {
+        let mut n = 0u64;
+        link.visit(|record| {
+            let key = object_key(&record);
+            if let Some(newest) = latest.get_mut(&key)
+                && *newest == Newest::At(l, n)
+            {
+                *newest = match is_tombstone(&record) {
+                    true => Newest::Gone,
+                    false => {
+                        winners.push(&record)?;
+                        won += 1;
+                        Newest::Winner(won - 1)
+                    }
+                };
+            }
+            n += 1;
+            Ok(())
+        })?;
+    }
+    let winners = winners.finish()?;
+    let mut out = Writer::new(snapshot, spill(), super::FRAME_BYTES)?;
+    for i in 0..base.len() {
+        let record = base.record(i)?;
+        match latest.remove(&object_key(&record)) {
+            None => out.push(&record)?,
+            Some(Newest::Winner(w)) => out.push(&winners.record(w)?)?,
+            Some(_) => {}
+        }
+    }
+    for key in order {
+        if let Some(Newest::Winner(w)) = latest.remove(&key) {
+            out.push(&winners.record(w)?)?;
+        }
+    }
+    out.finish()
+}
+
+/// A payload written record by record (into a temporary file, or memory), read back as
+/// [`Records`]: what [`merge`] writes.
+struct Writer {
+    snapshot: SnapshotId,
+    encoder: super::PayloadEncoder,
+    spill: Option<super::SpillWriter>,
+    memory: Vec<u8>,
+}
+
+impl Writer {
+    fn new(snapshot: &SnapshotId, spill: Option<super::SpillWriter>, frame_bytes: u64) -> Result<Writer, Error> {
+        let encoder =
+            super::PayloadEncoder::new(1).map_err(|e| merge_error(snapshot, e))?.with_frame_bytes(frame_bytes);
+        Ok(Writer { snapshot: snapshot.clone(), encoder, spill, memory: Vec::new() })
+    }
+
+    fn push(&mut self, record: &Record) -> Result<(), Error> {
+        self.encoder.push(record).map_err(|e| merge_error(&self.snapshot, e))?;
+        let bytes = self.encoder.take_output();
+        self.put(&bytes)
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        match &mut self.spill {
+            Some(spill) => spill.write(bytes).map_err(|e| merge_error(&self.snapshot, e)),
+            None => {
+                self.memory.extend_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
+    fn finish(self) -> Result<Records, Error> {
+        let Writer { snapshot, encoder, spill, mut memory } = self;
+        let (tail, summary) = encoder.finish().map_err(|e| merge_error(&snapshot, e))?;
+        let payload = match spill {
+            Some(mut spill) => {
+                spill.write(&tail).map_err(|e| merge_error(&snapshot, e))?;
+                spill.finish().map_err(|e| merge_error(&snapshot, e))?
+            }
+            None => {
+                memory.extend_from_slice(&tail);
+                Payload::from(memory)
+            }
+        };
+        let manifest = Manifest::new("merged", snapshot, Timestamp::UNIX_EPOCH, "", CaptureSummary::empty(), summary);
+        Records::decode(&manifest, payload)
+    }
+}
+
+fn merge_error(snapshot: &SnapshotId, e: std::io::Error) -> Error {
+    Error::io(format!("merge the journal of snapshot {snapshot}"), e)
 }
 
 /// A chain folded into a new base (compaction): what a full snapshot of the point holds.
@@ -642,6 +803,27 @@ mod tests {
             [r#"s1={"state":"Reserved"}"#, r#"s2={"state":"Available"}"#]
         );
         assert_eq!(states(&point(&records, &[]).unwrap()).len(), 2, "no segment: the base as it is");
+    }
+
+    /// The streaming merge (what a restore and the controller use) gives exactly the records
+    /// and the order [`point`] gives, at every point, written into temporary files or held in
+    /// memory; a record's object changed twice, deleted, or new, each as `point` has it.
+    #[test]
+    fn the_streaming_merge_gives_the_records_point_gives() {
+        let base = base_id();
+        let (one, two, three) = three(&base);
+        let chain = chain_of(&base, &[(1, &one), (2, &two), (3, &three)]);
+        let records = Records::from_records(vec![server("s1", "Available"), server("s2", "Available")]);
+        for applied in 0..=3 {
+            let links = &chain.links[..applied];
+            let expected = states(&point(&records, links).unwrap());
+            for spilled in [false, true] {
+                let spill = || spilled.then(|| crate::format::SpillWriter::create(None).unwrap());
+                let merged = merge(&records, links, &base, spill).unwrap();
+                let merged: Vec<Record> = (0..merged.len()).map(|i| merged.record(i).unwrap()).collect();
+                assert_eq!(states(&merged), expected, "{applied} segments, spilled: {spilled}");
+            }
+        }
     }
 
     /// The fold (compaction): base + chain as one snapshot's records, its time the last
@@ -824,7 +1006,7 @@ mod tests {
         let open = |m: &Manifest, p: Payload| crate::format::open_payload(m, p, Some(&keys), None);
         let c = Candidate { open: &open, ..candidate(1, &one) };
         let link = check_link(&Chain::empty(base.clone()), "c", ts(BASE_TIME), c).unwrap();
-        assert_eq!(link.records[0].name, "secret-serial-1");
+        assert_eq!(link.records().unwrap()[0].name, "secret-serial-1");
         let closed = |m: &Manifest, p: Payload| crate::format::open_payload(m, p, None, None);
         let c = Candidate { open: &closed, ..candidate(1, &one) };
         let reason = check_link(&Chain::empty(base), "c", ts(BASE_TIME), c).unwrap_err();

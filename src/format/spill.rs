@@ -4,7 +4,6 @@
 //! by byte range. The payload format ([`super::payload`]) reads through it.
 
 use std::borrow::Cow;
-use std::io::Write;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
@@ -25,10 +24,13 @@ pub enum Payload {
 }
 
 /// A payload written to an unnamed temporary file (gone when the last handle closes, even if
-/// the process dies), with its size and sha256 measured as it was written.
+/// the process dies), with its size and sha256 measured as it was written: the bytes at
+/// `offset..offset + len` of the file, which it may share with other payloads (a journal
+/// chain's segments, [`SpillFile`]).
 #[derive(Debug)]
 pub struct Spilled {
-    file: std::fs::File,
+    file: std::sync::Arc<std::fs::File>,
+    offset: u64,
     len: u64,
     sha256: String,
 }
@@ -87,7 +89,7 @@ impl Payload {
             Payload::Memory(bytes) => Ok(Cow::Borrowed(&bytes[start as usize..end as usize])),
             Payload::Spilled(spilled) => {
                 let mut buf = vec![0; (end - start) as usize];
-                spilled.file.read_exact_at(&mut buf, start)?;
+                spilled.file.read_exact_at(&mut buf, spilled.offset + start)?;
                 Ok(Cow::Owned(buf))
             }
             Payload::Decrypted(plain) => plain.read(range),
@@ -117,12 +119,54 @@ fn check_digest(manifest: &Manifest, size: u64, sha256: &str) -> Result<(), Erro
     Ok(())
 }
 
-/// Writes a payload into an unnamed temporary file as it downloads.
-pub struct SpillWriter {
-    file: std::io::BufWriter<std::fs::File>,
-    len: u64,
-    hasher: Sha256,
+/// One unnamed temporary file that many payloads are written into, one after another: a
+/// journal chain's segments (hundreds of them) cost one file and one descriptor, not one each.
+/// Writers take turns ([`SpillFile::writer`] after the previous one finished).
+#[derive(Debug)]
+pub struct SpillFile {
+    file: std::sync::Arc<std::fs::File>,
+    end: std::sync::Mutex<u64>,
 }
+
+impl SpillFile {
+    /// A new temporary file in `dir`, or in the system's temporary directory (`TMPDIR`).
+    pub fn create(dir: Option<&std::path::Path>) -> std::io::Result<std::sync::Arc<SpillFile>> {
+        let file = match dir {
+            Some(dir) => tempfile::tempfile_in(dir)?,
+            None => tempfile::tempfile()?,
+        };
+        Ok(std::sync::Arc::new(SpillFile { file: std::sync::Arc::new(file), end: std::sync::Mutex::new(0) }))
+    }
+
+    /// A writer of the next payload, after the last one written.
+    pub fn writer(self: &std::sync::Arc<Self>) -> SpillWriter {
+        let start = *self.end.lock().unwrap_or_else(|e| e.into_inner());
+        SpillWriter::on(std::sync::Arc::clone(&self.file), start, Some(std::sync::Arc::clone(self)))
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        *self.end.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Writes a payload into an unnamed temporary file as it downloads (a file of its own, or the
+/// next bytes of a [`SpillFile`]).
+pub struct SpillWriter {
+    file: std::sync::Arc<std::fs::File>,
+    start: u64,
+    len: u64,
+    buffer: Vec<u8>,
+    hasher: Sha256,
+    shared: Option<std::sync::Arc<SpillFile>>,
+}
+
+/// Bytes gathered before a write to the file.
+const SPILL_BUFFER: usize = 256 << 10;
 
 impl SpillWriter {
     /// A new temporary file in `dir`, or in the system's temporary directory (`TMPDIR`).
@@ -131,20 +175,50 @@ impl SpillWriter {
             Some(dir) => tempfile::tempfile_in(dir)?,
             None => tempfile::tempfile()?,
         };
-        Ok(SpillWriter { file: std::io::BufWriter::with_capacity(256 << 10, file), len: 0, hasher: Sha256::new() })
+        Ok(SpillWriter::on(std::sync::Arc::new(file), 0, None))
+    }
+
+    fn on(file: std::sync::Arc<std::fs::File>, start: u64, shared: Option<std::sync::Arc<SpillFile>>) -> Self {
+        SpillWriter { file, start, len: 0, buffer: Vec::new(), hasher: Sha256::new(), shared }
     }
 
     pub fn write(&mut self, chunk: &[u8]) -> std::io::Result<()> {
-        self.file.write_all(chunk)?;
         self.hasher.update(chunk);
-        self.len += chunk.len() as u64;
+        if self.buffer.len() + chunk.len() > SPILL_BUFFER {
+            self.flush()?;
+        }
+        match chunk.len() >= SPILL_BUFFER {
+            true => {
+                self.file.write_all_at(chunk, self.start + self.len)?;
+                self.len += chunk.len() as u64;
+            }
+            false => self.buffer.extend_from_slice(chunk),
+        }
         Ok(())
     }
 
-    pub fn finish(self) -> std::io::Result<Payload> {
-        let file = self.file.into_inner().map_err(|e| e.into_error())?;
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buffer.is_empty() {
+            self.file.write_all_at(&self.buffer, self.start + self.len)?;
+            self.len += self.buffer.len() as u64;
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> std::io::Result<Payload> {
+        self.flush()?;
+        if let Some(shared) = &self.shared {
+            let mut end = shared.end.lock().unwrap_or_else(|e| e.into_inner());
+            *end = (*end).max(self.start + self.len);
+        }
         let sha256 = hex::encode(self.hasher.finalize());
-        Ok(Payload::Spilled(std::sync::Arc::new(Spilled { file, len: self.len, sha256 })))
+        Ok(Payload::Spilled(std::sync::Arc::new(Spilled {
+            file: self.file,
+            offset: self.start,
+            len: self.len,
+            sha256,
+        })))
     }
 }
 
@@ -167,5 +241,29 @@ mod tests {
         }
         let Payload::Spilled(s) = &spilled else { panic!("spilled") };
         assert_eq!(s.sha256, hex::encode(Sha256::digest(&bytes)));
+    }
+
+    /// Payloads one after another in one shared file read back each as its own bytes.
+    #[test]
+    fn payloads_in_one_shared_file_read_back_each_as_its_own() {
+        let shared = SpillFile::create(None).unwrap();
+        let payloads: Vec<Vec<u8>> =
+            (1..4u32).map(|n| (0..n * 100_000).map(|i| (i % (n + 250)) as u8).collect()).collect();
+        let spilled: Vec<Payload> = payloads
+            .iter()
+            .map(|bytes| {
+                let mut writer = shared.writer();
+                for chunk in bytes.chunks(300_000) {
+                    writer.write(chunk).unwrap();
+                }
+                writer.finish().unwrap()
+            })
+            .collect();
+        assert_eq!(shared.len(), 600_000);
+        for (bytes, payload) in payloads.iter().zip(&spilled) {
+            assert_eq!(payload.read(0..bytes.len() as u64).unwrap().as_ref(), bytes.as_slice());
+            let Payload::Spilled(s) = payload else { panic!("spilled") };
+            assert_eq!(s.sha256, hex::encode(Sha256::digest(bytes)));
+        }
     }
 }

@@ -297,7 +297,7 @@ async fn load_base(
     drop(records);
     let read = store.read_chain(&id, manifest.created_at, opts.chain_keys.as_deref()).await?;
     for link in &read.links {
-        state.apply(&link.records);
+        state.apply(&link.records()?);
     }
     let broken = read.stop_message(manifest.created_at);
     if let Some(broken) = &broken {
@@ -416,7 +416,12 @@ async fn write_segment(
                 {
                     Ok(read) => {
                         for link in read.links.iter().filter(|l| l.header.sequence >= chain.next) {
-                            state.apply(&link.records);
+                            match link.records() {
+                                Ok(records) => state.apply(&records),
+                                Err(e) => {
+                                    warn!(error = %e, segment = link.header.sequence, "cannot read a segment again")
+                                }
+                            }
                         }
                         chain.next = read.next_sequence();
                         chain.previous = read.last_sha256();

@@ -111,10 +111,7 @@ pub struct Tail {
 impl Tail {
     fn new(base: &Manifest, mut chain: Chain, applied: usize, point: Point) -> Tail {
         chain.links.truncate(applied);
-        let last = chain.links.pop().map(|mut link| {
-            link.records = vec![];
-            link
-        });
+        let last = chain.links.pop().map(crate::format::Link::without_records);
         chain.links = last.into_iter().collect();
         chain.stop = None;
         Tail { base: base.clone(), chain, point }
@@ -158,7 +155,7 @@ pub async fn read_on(store: &SnapshotStore, tail: &Tail, records: &Records, acce
         passed_over,
         consistent: last.consistency.as_ref().is_none_or(|c| c.consistent),
     };
-    let merged = Records::from_records(crate::format::point(records, applied)?);
+    let merged = merge(store, records, applied, &base.snapshot_id)?;
     let applied_in_chain = known + choice.applied;
     Ok(ReadOn { newer: Some((merged, Tail::new(base, chain, applied_in_chain, point))), gap })
 }
@@ -399,7 +396,7 @@ async fn at_point(
     let applied = &chain.links[..point.segments_applied as usize];
     let records = match applied.is_empty() {
         true => records,
-        false => Records::from_records(crate::format::point(&records, applied)?),
+        false => merge(store, &records, applied, &manifest.snapshot_id)?,
     };
     let no_journal = chain.links.is_empty() && point.gap.is_none();
     let tail = Tail::new(manifest, chain, point.segments_applied as usize, point.clone());
@@ -483,10 +480,22 @@ pub async fn snapshot_at(
     }
     let applied = &chain.links[..point.segments_applied as usize];
     let merged = match records && !applied.is_empty() {
-        true => Records::from_records(crate::format::point(&base, applied)?),
+        true => merge(store, &base, applied, id)?,
         false => base,
     };
     Ok((manifest, merged, Some(point)))
+}
+
+/// The records of a base (`records`) with the segments `applied` merged in
+/// ([`crate::format::merge`]): written into temporary files as they are merged, so that
+/// neither the chain's records nor the merged ones are held decoded in memory.
+fn merge(
+    store: &SnapshotStore,
+    records: &Records,
+    applied: &[crate::format::Link],
+    base: &SnapshotId,
+) -> Result<Records> {
+    crate::format::merge(records, applied, base, || store.spill_writer(base))
 }
 
 fn inconsistent(manifest: &Manifest) -> String {

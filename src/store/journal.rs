@@ -207,7 +207,8 @@ impl SnapshotStore {
             Err(reason) => return Ok(Err(reason)),
         };
         let payload_path = self.segment_path(base, sequence, SEGMENT_PAYLOAD_SUFFIX);
-        let payload = match self.read_payload(&payload_path, &header.payload_manifest()).await {
+        let spill = chain.spill.as_ref().map(|file| file.writer());
+        let payload = match self.read_payload(&payload_path, &header.payload_manifest(), spill).await {
             Ok(payload) => Some(payload),
             Err(Error::CorruptSnapshot { reason, .. }) if reason == PAYLOAD_MISSING => None,
             Err(Error::CorruptSnapshot { reason, .. }) => return Ok(Err(format!("is corrupt: {reason}"))),
@@ -218,9 +219,11 @@ impl SnapshotStore {
             Err(e) => return Err(e),
         };
         let open = |m: &Manifest, p: Payload| {
-            let spill = match m.encryption.is_some() && p.len() > super::snapshots::SPILL_ABOVE {
-                true => self.spill_writer(&m.snapshot_id),
-                false => None,
+            let spill = match (&chain.spill, m.encryption.is_some()) {
+                (_, false) => None,
+                (Some(file), true) => Some(file.writer()),
+                (None, true) if p.len() > super::snapshots::SPILL_ABOVE => self.spill_writer(&m.snapshot_id),
+                (None, true) => None,
             };
             open_payload(m, p, self.decryption.as_deref(), spill)
         };
@@ -275,6 +278,11 @@ impl SnapshotStore {
         let entries = self.list_segments(base).await?;
         let last_header = entries.iter().filter(|e| e.header).map(|e| e.sequence).max();
         let Some(last_header) = last_header else { return Ok(chain) };
+        if chain.spill.is_none() && last_header >= chain.next_sequence() {
+            // One file for every segment of the chain: their records are not held in memory,
+            // however many there are (a restore merges them from there, `format::merge`).
+            chain.spill = self.spill_file(&format!("the journal of snapshot {base}"));
+        }
         loop {
             let sequence = chain.next_sequence();
             if sequence > last_header {

@@ -18,7 +18,7 @@ use super::backend::{Backend, S3Options};
 use crate::format::Record;
 use crate::format::{
     DecryptionKeys, KeyId, MANIFEST_FILE, MAX_SIGNATURE, Manifest, PAYLOAD_FILE, Payload, SIGNATURE_FILE, SigningKey,
-    SnapshotId, SpillWriter, TrustedKeys, decode_records, open_payload,
+    SnapshotId, SpillFile, SpillWriter, TrustedKeys, decode_records, open_payload,
 };
 use crate::{Error, Result};
 
@@ -347,9 +347,14 @@ impl SnapshotStore {
     /// read through one GET: its announced size checked against `manifest`'s and against the
     /// limit ([`with_max_payload`](Self::with_max_payload)) before its body is read, the body
     /// read no further than the declared size, spilled into a temporary file above
-    /// [`SPILL_ABOVE`], and its size and sha256 checked once read. Errors name `what`'s
-    /// snapshot as `manifest` does.
-    pub(super) async fn read_payload(&self, path: &Path, manifest: &Manifest) -> Result<Payload> {
+    /// [`SPILL_ABOVE`] (into `spill` whatever its size, when given), and its size and sha256
+    /// checked once read. Errors name `manifest`'s snapshot.
+    pub(super) async fn read_payload(
+        &self,
+        path: &Path,
+        manifest: &Manifest,
+        spill: Option<SpillWriter>,
+    ) -> Result<Payload> {
         let id = &manifest.snapshot_id;
         let read_error = |e| payload_error(id, e);
         let spill_error = |e| Error::io(format!("spill payload of snapshot {id}"), e);
@@ -363,9 +368,10 @@ impl SnapshotStore {
         if size > self.max_payload {
             return Err(Error::TooLarge { snapshot: id.to_string(), size, limit: self.max_payload });
         }
-        let mut spill = match size > SPILL_ABOVE {
-            true => self.spill_writer(id),
-            false => None,
+        let mut spill = match spill {
+            Some(spill) => Some(spill),
+            None if size > SPILL_ABOVE => self.spill_writer(id),
+            None => None,
         };
         let mut memory = Vec::new();
         let mut read = 0u64;
@@ -425,7 +431,15 @@ impl SnapshotStore {
     /// The payload's bytes as stored (ciphertext, when encrypted), size checked before they are
     /// downloaded, size and sha256 once they are; spilled above [`SPILL_ABOVE`].
     async fn verified_stored_payload(&self, manifest: &Manifest) -> Result<Payload> {
-        self.read_payload(&self.payload_path(&manifest.snapshot_id), manifest).await
+        self.read_payload(&self.payload_path(&manifest.snapshot_id), manifest, None).await
+    }
+
+    /// A temporary file many payloads are spilled into (a journal chain's), or `None` (logged)
+    /// where none can be made.
+    pub(super) fn spill_file(&self, what: &str) -> Option<std::sync::Arc<SpillFile>> {
+        SpillFile::create(self.spill_dir.as_deref())
+            .inspect_err(|e| warn!(error = %e, "no temporary file for {what}; holding it in memory"))
+            .ok()
     }
 
     /// A temporary file for a payload, or `None` (logged) where none can be made.
