@@ -783,6 +783,108 @@ async fn signed_snapshots_a_forgery_is_refused_with_the_key_and_the_signed_one_r
     assert!(stdout(&out).contains(&format!("signature of trusted key {key_id}")), "{}", stdout(&out));
 }
 
+/// Runs `restatus restore` as [`Scenario::restore`] does and returns its report and the most
+/// memory it held: its resident set's high-water mark (`VmHWM`), read from `/proc` every 10 ms
+/// while it runs (the mark only rises, so the last reading is the peak up to 10 ms before it
+/// exits; a download of the size these tests plant takes far longer). Not `wait4`'s `maxrss`:
+/// that counts the test process's memory copied into the child before its `exec`.
+async fn restore_measured(s: &Scenario, extra: &[&str]) -> (Value, u64) {
+    use std::io::Read;
+    let selector = s.spec.selector();
+    let mut args = vec!["restore", "--selector", &selector, "-o", "json"];
+    args.extend(extra);
+    let mut child = Bed::command(&s.bed.target_kubeconfig, &s.storage, &s.cluster, &args, &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start restatus restore");
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = String::new();
+        stdout.read_to_string(&mut out).map(|_| out)
+    });
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0u64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&status_file)
+            && let Some(kb) = text.lines().find_map(|l| l.strip_prefix("VmHWM:"))
+        {
+            peak = peak.max(kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the restore did not end within 120 s");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    let out = reader.join().unwrap().unwrap();
+    assert!(status.success(), "restore failed: {out}");
+    (serde_json::from_str(&out).expect("restore -o json"), peak)
+}
+
+/// F140 and F146 on the bed: 200 MiB planted at the records of segment 1 of the signed
+/// snapshot, its header signed by a forger's key and declaring those 200 MiB (under the 1 GiB
+/// limit). With the key, a restore stops the chain at that header and never downloads the
+/// records: its peak memory stays far below them (before: read whole into memory, the pod's
+/// 512 MiB limit reached at a few hundred MB). Without keys, the same records are read into a
+/// temporary file, found corrupt, and memory stays as low. With a forged manifest dated after
+/// it, `snapshots show latest` and `verify latest` with the key are the signed snapshot.
+#[tokio::test]
+async fn a_planted_segment_is_not_downloaded_and_latest_with_a_key_is_the_signed_snapshot() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (private, public, _) = generate_keys(&bed, "backup");
+    let (private, public) = (private.display().to_string(), public.display().to_string());
+    let s = Scenario::with_backup(bed, 2, 1, &["--signing-key", &private]).await;
+    let store = s.bed.store(&s.storage, &s.cluster);
+    let base: restatus::format::SnapshotId = s.snapshot.parse().unwrap();
+    let manifest = store.manifest(&base).await.unwrap();
+    const PLANTED: usize = 200 << 20;
+    let planted: Vec<u8> = (0..PLANTED).map(|i| (i % 251) as u8).collect();
+    let (_, mut summary) = restatus::fixtures::encode(&[]);
+    summary.size = PLANTED as u64;
+    summary.sha256 = restatus::format::sha256_hex(&planted);
+    let mut header = restatus::format::SegmentHeader::new(
+        &s.cluster,
+        &base,
+        1,
+        None,
+        manifest.created_at,
+        manifest.created_at + jiff::SignedDuration::from_secs(5),
+        BTreeMap::new(),
+        (0, 0),
+        summary,
+        None,
+    );
+    let forger = restatus::format::SigningKey::generate();
+    store.put_segment(&mut header, planted, Some(&forger)).await.unwrap();
+
+    let bound = 120 << 20;
+    let (report, peak) = restore_measured(&s, &["--dry-run", "--trusted-key", &public]).await;
+    let gap = report["restoredTo"]["gap"].as_str().unwrap_or_default().to_string();
+    assert!(gap.contains("segment 1 of base") && gap.contains("signature refused"), "{report}");
+    assert_eq!(report["snapshot"], s.snapshot.as_str());
+    eprintln!("restore with the key: peak resident {} MiB", peak >> 20);
+    assert!(peak < bound, "the restore held {} MiB: the planted records were downloaded", peak >> 20);
+
+    let (report, peak) = restore_measured(&s, &["--dry-run"]).await;
+    let gap = report["restoredTo"]["gap"].as_str().unwrap_or_default().to_string();
+    assert!(gap.contains("segment 1 of base") && gap.contains("corrupt"), "{report}");
+    eprintln!("restore without keys: peak resident {} MiB", peak >> 20);
+    assert!(peak < bound, "the restore held {} MiB: the records were read into memory", peak >> 20);
+
+    let forged = forge(&store, &s.snapshot).await;
+    let snapshots = |args: &[&str]| s.bed.restatus(&s.storage, &s.cluster, &[&["snapshots"], args].concat());
+    let out = snapshots(&["show", "latest", "--no-journal", "-o", "json", "--trusted-key", &public]);
+    assert_success(&out, "snapshots show latest");
+    let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["snapshotId"], s.snapshot.as_str(), "latest is the forgery {forged}: {shown}");
+    let out = snapshots(&["verify", "latest", "--trusted-key", &public]);
+    assert_success(&out, "snapshots verify latest");
+    assert!(stdout(&out).starts_with(&format!("{}: OK", s.snapshot)), "{}", stdout(&out));
+}
+
 /// Every string under a `serialNumber` or `macAddress` field of `value`: what identifies the
 /// fleet's machines.
 fn identities(value: &Value, out: &mut Vec<String>) {

@@ -208,10 +208,20 @@ pub(crate) fn walk_frames(
     Ok(())
 }
 
+/// The first bytes of every zstd frame restatus writes.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
 /// The compressed zstd frame that starts at byte `at`. A spilled payload is read in windows
 /// that grow until the frame fits (a 1.2 frame is some tens of KiB; older payloads are one
 /// frame).
 fn next_frame<'a>(id: &str, payload: &'a Payload, at: u64) -> Result<std::borrow::Cow<'a, [u8]>, Error> {
+    // Bytes that do not start a zstd frame are refused at once: the window grows only for a
+    // frame that is one, never to read a whole payload of garbage.
+    let head =
+        payload.read(at..at.saturating_add(4)).map_err(|e| Error::io(format!("read payload of snapshot {id}"), e))?;
+    if head.as_ref() != ZSTD_MAGIC {
+        return Err(Error::corrupt(id, format!("payload frame at byte {at} does not decompress: not zstd")));
+    }
     let mut window = 256 << 10;
     loop {
         let end = at.saturating_add(window).min(payload.len());
