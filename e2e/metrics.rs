@@ -171,3 +171,48 @@ fn assert_build_info(body: &str) {
         assert!(line.contains(label), "{label} in {line}");
     }
 }
+
+/// F144 on the bed: a forged manifest dated 2999 (unsigned, written by whoever can write the
+/// bucket) beside a signed backup. A controller given the key exports the signed snapshot's
+/// capture time as the newest (before: 2999, which silenced `RestatusBackupTooOld` for good).
+#[tokio::test]
+async fn with_a_key_a_forged_manifest_dated_2999_is_not_the_newest_snapshot_of_the_metrics() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (private, public, _) = crate::bed::generate_keys(&bed, "metrics");
+    let (private, public) = (private.display().to_string(), public.display().to_string());
+    let spec = FleetSpec::new(&unique("metricsk"), 2, 2, 1);
+    fleet::create(&bed.source().await, &spec, 8).await.expect("create fleet");
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage("metrics");
+    let cluster = unique("metricsk");
+    let label = format!(r#"{{cluster_id="{cluster}"}}"#);
+    let out = bed.restatus(&storage, &cluster, &["backup", "--selector", &selector, "--signing-key", &private]);
+    assert!(out.status.success(), "backup: {}", stderr(&out));
+    let store = bed.store(&storage, &cluster);
+    let id: restatus::format::SnapshotId = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let signed = store.manifest(&id).await.unwrap().created_at.as_millisecond() as f64 / 1000.0;
+    let forged = restatus::fixtures::snapshot(&[]).at("2999-01-01T00:00:00Z".parse().unwrap()).write(&store).await;
+
+    let port = free_port();
+    let args = [
+        "controller",
+        "--selector",
+        &selector,
+        "--snapshot-refresh",
+        "2s",
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+        "--lease-namespace",
+        "default",
+        "--lease-name",
+        &unique("lease"),
+        "--trusted-key",
+        &public,
+    ];
+    let controller = Process::start(&bed, Bed::command(&bed.target_kubeconfig, &storage, &cluster, &args, &[]));
+    let series = format!("restatus_snapshot_newest_timestamp_seconds{label}");
+    let (_, body) =
+        scrape_until(&controller, port, Duration::from_secs(30), |b| value(b, &series).is_some_and(|t| t > 0.0)).await;
+    assert_eq!(value(&body, &series), Some(signed), "the forgery {} is the newest snapshot", forged.snapshot_id);
+}
