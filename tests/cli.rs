@@ -278,3 +278,61 @@ fn only_a_restore_takes_jsonl() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(out.stdout.is_empty(), "nothing on stdout: {}", text(&out.stdout));
 }
+
+/// F150: a private key given where a path (or a public key) is expected, as people do it
+/// (`RESTATUS_DECRYPTION_KEY="$(grep AGE-SECRET …)"`, `--signing-key "$(cat k.key)"`,
+/// `--encrypt-to AGE-SECRET-KEY-…`), through each key-taking flag in each of its forms (`--flag
+/// VALUE`, `--flag=VALUE`, its environment variable), plain and with JSON logs: the command
+/// fails naming the flag, and stderr holds no line of the key (before: the whole key, quoted by
+/// clap as an unexpected argument or by the key loader as a file that cannot be read).
+#[test]
+fn a_key_given_as_a_value_is_refused_naming_the_flag_never_the_key() {
+    use restatus::format::{DecryptionKeys, SigningKey};
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = file_storage(tmp.path());
+    let pem = SigningKey::generate().to_pem().unwrap();
+    let (age_file, _) = DecryptionKeys::generate(ts("2026-11-30T10:00:00Z"));
+    let age = age_file.lines().find(|l| l.starts_with("AGE-SECRET-KEY-")).unwrap().to_string();
+    // What must never be printed: the age key, and every line of the PEM's base64.
+    let secrets: Vec<&str> =
+        std::iter::once(age.as_str()).chain(pem.lines().filter(|l| !l.starts_with("-----"))).collect();
+    assert!(secrets.len() >= 2);
+    // (command, flag, environment variable, key, what the error says besides the flag)
+    let cases = [
+        (&["backup"][..], "--signing-key", "RESTATUS_SIGNING_KEY", pem.as_str(), "not repeated"),
+        (&["backup"], "--signing-key", "RESTATUS_SIGNING_KEY", age.as_str(), "not repeated"),
+        (&["backup"], "--encrypt-to", "RESTATUS_ENCRYPT_TO", age.as_str(), "takes public keys"),
+        (&["snapshots", "list"], "--decryption-key", "RESTATUS_DECRYPTION_KEY", age.as_str(), "not repeated"),
+        (&["snapshots", "list"], "--trusted-key", "RESTATUS_TRUSTED_KEYS", pem.as_str(), "takes public keys"),
+    ];
+    for (command, flag, env, key, says) in cases {
+        let spaced = [command, &[flag, key]].concat();
+        let joined_arg = format!("{flag}={key}");
+        let joined = [command, &[joined_arg.as_str()]].concat();
+        for (how, args, vars) in [
+            ("--flag VALUE", spaced, vec![]),
+            ("--flag=VALUE", joined, vec![]),
+            (env, command.to_vec(), vec![(env, key)]),
+        ] {
+            for json in [false, true] {
+                let args = match json {
+                    true => [&["--log-format", "json"][..], &args].concat(),
+                    false => args.clone(),
+                };
+                let out = restatus(&storage, &args, &vars);
+                let stderr = text(&out.stderr);
+                let what = format!("{command:?} {flag} as {how} (json logs: {json})");
+                assert!(matches!(out.status.code(), Some(1 | 2)), "{what}: fails: {stderr}");
+                for secret in &secrets {
+                    assert!(!stderr.contains(secret), "{what}: key material in stderr:\n{stderr}");
+                }
+                assert!(stderr.contains(flag), "{what}: names the flag: {stderr}");
+                // clap sees a value starting with `-` as an argument of its own: then the
+                // message is the usage error's (exit 2), naming the flag before it.
+                let says = if how == "--flag VALUE" && key.starts_with('-') { "not repeated" } else { says };
+                assert!(stderr.contains(says), "{what}: says {says:?}: {stderr}");
+                assert!(out.stdout.is_empty(), "{what}: nothing on stdout");
+            }
+        }
+    }
+}

@@ -202,8 +202,9 @@ async fn journal(g: &Global, opened: &Opened, args: JournalArgs) -> Result<()> {
         }
         None => None,
     };
-    let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
     let signing = signing_key(&args.signing)?;
+    let recipients = recipients(&args.encryption)?;
+    let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
     let options = JournalOptions {
         selector: g.selector.clone(),
         interval: args.journal_interval,
@@ -214,7 +215,7 @@ async fn journal(g: &Global, opened: &Opened, args: JournalArgs) -> Result<()> {
         chain_keys: run_keys(trusted.as_deref(), signing.as_deref()).map(Arc::new),
         trusted: trusted.clone(),
         signing_key: signing,
-        recipients: recipients(&args.encryption)?,
+        recipients,
         metrics: Some(metrics),
         ..JournalOptions::new(profile)
     };
@@ -252,8 +253,9 @@ async fn backup_setup(
     args: &BackupArgs,
     trusted: Option<&TrustedKeys>,
 ) -> Result<(kube::Client, BackupOptions)> {
+    // The keys first: a bad key fails the start before any cluster is asked.
+    let (signing_key, recipients) = (signing_key(&args.signing)?, recipients(&args.encryption)?);
     let (profile, client) = k8s::connect(&g.profile, g.kubeconfig.as_deref(), g.context.as_deref()).await?;
-    let signing_key = signing_key(&args.signing)?;
     let trusted = run_keys(trusted, signing_key.as_deref()).map(Arc::new);
     let options = BackupOptions {
         page_size: args.page_size.max(1),
@@ -261,7 +263,7 @@ async fn backup_setup(
         zstd_level: args.zstd_level,
         capture_attempts: args.capture_attempts,
         signing_key,
-        recipients: recipients(&args.encryption)?,
+        recipients,
         max_record_drop: args.max_record_drop,
         trusted,
         ..BackupOptions::new(profile)

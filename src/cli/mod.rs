@@ -574,15 +574,44 @@ fn explicit_id(s: &str) -> Result<SnapshotId, String> {
 /// What clap did not accept, or `--help`/`--version`: clap prints it and exits (2 for a usage
 /// error), except that a usage error with `--log-format json` (or `RESTATUS_LOG_FORMAT=json`)
 /// is one JSON log line, so that stderr stays JSON lines.
+/// An argument that holds a key (`--signing-key "$(cat k.key)"`: clap takes the PEM, which starts
+/// with `-`, for an unexpected argument and quotes it) is never repeated: the message says
+/// which flag to give a file's path instead.
 pub fn usage_error(e: clap::Error) -> std::process::ExitCode {
-    if e.use_stderr() && json_logs_asked(std::env::args_os().skip(1), std::env::var_os("RESTATUS_LOG_FORMAT")) {
-        restatus::telemetry::init(LogFormat::Json);
-        let text = e.render().to_string();
+    let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    let keys: Vec<(String, Option<String>)> = (0..args.len())
+        .filter(|&i| restatus::format::hides_a_key(&args[i]))
+        .map(|i| (args[i].clone(), i.checked_sub(1).map(|p| args[p].clone()).filter(|p| p.starts_with("--"))))
+        .collect();
+    let json = json_logs_asked(std::env::args_os().skip(1), std::env::var_os("RESTATUS_LOG_FORMAT"));
+    if e.use_stderr() && (json || !keys.is_empty()) {
+        let text = without_keys(&e.render().to_string(), &keys);
         let text = text.trim_end();
-        tracing::error!(error = %text.strip_prefix("error: ").unwrap_or(text), "invalid command line");
+        if json {
+            restatus::telemetry::init(LogFormat::Json);
+            tracing::error!(error = %text.strip_prefix("error: ").unwrap_or(text), "invalid command line");
+        } else {
+            eprintln!("{text}");
+        }
         return std::process::ExitCode::from(2);
     }
     e.exit()
+}
+
+/// clap's message `text`, or, when arguments hold keys (`keys`, with the flag before each, if
+/// any), a message that names the flag and none of the command line: clap quotes an argument
+/// whole or in part, and no key may be repeated.
+fn without_keys(text: &str, keys: &[(String, Option<String>)]) -> String {
+    match keys.first() {
+        None => text.to_string(),
+        Some((_, flag)) => {
+            let what = flag.as_ref().map_or("an argument".to_string(), |f| format!("the value of {f}"));
+            format!(
+                "error: {what} is a key (not repeated here): give the path of a file that holds it (mode 0600, or a \
+                 Kubernetes Secret mounted as one)\n\nFor more information, try '--help'."
+            )
+        }
+    }
 }
 
 /// Whether the arguments (after the program's name), or else the environment, ask for JSON

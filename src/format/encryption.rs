@@ -20,13 +20,13 @@
 
 use std::fmt;
 use std::io::{BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use age::secrecy::ExposeSecret;
 
-use super::signature::{key_error, read_key_files};
+use super::signature::{DECRYPTION_KEY_FLAG, ENCRYPT_TO_FLAG, Takes, key_error, key_files};
 use super::spill::{Payload, SpillWriter};
 use super::{Encryption, Manifest, Withheld};
 use crate::Error;
@@ -58,10 +58,10 @@ impl Recipients {
         let mut keys: Vec<age::x25519::Recipient> = Vec::new();
         for spec in specs.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
             if spec.starts_with(RECIPIENT_PREFIX) {
-                keys.push(parse_recipient("--encrypt-to", spec)?);
+                keys.push(parse_recipient(ENCRYPT_TO_FLAG, spec)?);
                 continue;
             }
-            for (source, text) in read_key_files(Path::new(spec))? {
+            for (source, text) in key_files(ENCRYPT_TO_FLAG, spec, Takes::Public)? {
                 keys.extend(Self::parse_all(&source, &text)?);
             }
         }
@@ -171,7 +171,7 @@ impl DecryptionKeys {
     pub fn load(paths: &[PathBuf]) -> Result<Option<DecryptionKeys>, Error> {
         let mut keys = Vec::new();
         for path in paths.iter().filter(|p| !p.as_os_str().is_empty()) {
-            for (source, text) in read_key_files(path)? {
+            for (source, text) in key_files(DECRYPTION_KEY_FLAG, &path.to_string_lossy(), Takes::Private)? {
                 keys.extend(Self::parse_all(&source, &text)?.keys);
             }
         }
@@ -545,7 +545,7 @@ mod tests {
         assert!(err.contains("private.recipient") && err.contains("holds a private key"), "{err}");
         assert!(!err.contains(&secret), "key material in {err}");
         let err = Recipients::load(&["age1notarecipient".into()]).unwrap_err().to_string();
-        assert!(err.starts_with("key --encrypt-to: not a recipient"), "{err}");
+        assert!(err.starts_with("key --encrypt-to (RESTATUS_ENCRYPT_TO): not a recipient"), "{err}");
         let garbage = write("garbage.recipient", "hello\n");
         let err = Recipients::load(&[garbage.display().to_string()]).unwrap_err().to_string();
         assert!(err.contains("garbage.recipient: not a recipient") && !err.contains("hello"), "{err}");

@@ -36,7 +36,7 @@ pub use segment::{
     check_records, choose_point, fold, is_tombstone, merge, object_key, point, segment_file, segment_name, sha256_hex,
     tombstone,
 };
-pub use signature::{KeyId, MAX_SIGNATURE, PublicKey, SIGNATURE_FILE, SigningKey, TrustedKeys};
+pub use signature::{KeyId, MAX_SIGNATURE, PublicKey, SIGNATURE_FILE, SigningKey, TrustedKeys, hides_a_key};
 pub use spill::{Payload, SpillFile, SpillWriter, verify_payload};
 
 /// The major format version this build writes and reads. Readers refuse other majors.

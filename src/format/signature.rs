@@ -90,8 +90,11 @@ impl SigningKey {
 
     /// Reads a PKCS#8 PEM private key from `path`. Errors name the file, never its content.
     pub fn load(path: &Path) -> Result<SigningKey, Error> {
-        let text = std::fs::read_to_string(path).map_err(|e| key_error(path.display(), format!("cannot read: {e}")))?;
-        Self::from_pem(&path.display().to_string(), &text)
+        let mut files = key_files(SIGNING_KEY_FLAG, &path.to_string_lossy(), Takes::Private)?;
+        match (files.pop(), files.is_empty()) {
+            (Some((source, text)), true) => Self::from_pem(&source, &text),
+            _ => Err(key_error(path.display(), "a directory: --signing-key takes one key file".into())),
+        }
     }
 
     /// Parses a PKCS#8 PEM private key; `source` names where it came from in errors.
@@ -243,10 +246,10 @@ impl TrustedKeys {
         let mut keys = Vec::new();
         for spec in specs.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
             if spec.starts_with(SHORT_PREFIX) {
-                keys.push(PublicKey::from_short("--trusted-key", spec)?);
+                keys.push(PublicKey::from_short(TRUSTED_KEY_FLAG, spec)?);
                 continue;
             }
-            for (source, text) in read_key_files(Path::new(spec))? {
+            for (source, text) in key_files(TRUSTED_KEY_FLAG, spec, Takes::Public)? {
                 keys.extend(PublicKey::parse_all(&source, &text)?);
             }
         }
@@ -349,8 +352,96 @@ struct SignatureFile {
     signature: String,
 }
 
+/// The key flags, as errors name them (with the environment variable that sets each): a flag's
+/// value is never repeated in an error, since it may be a key given where a path is expected.
+pub const SIGNING_KEY_FLAG: &str = "--signing-key (RESTATUS_SIGNING_KEY)";
+pub const TRUSTED_KEY_FLAG: &str = "--trusted-key (RESTATUS_TRUSTED_KEYS)";
+pub const DECRYPTION_KEY_FLAG: &str = "--decryption-key (RESTATUS_DECRYPTION_KEY)";
+pub const ENCRYPT_TO_FLAG: &str = "--encrypt-to (RESTATUS_ENCRYPT_TO)";
+
+/// What a key flag takes where it takes a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Takes {
+    /// Files of private keys (`--signing-key`, `--decryption-key`).
+    Private,
+    /// Files of public keys (`--trusted-key`, `--encrypt-to`).
+    Public,
+}
+
+/// What a value given where a path is expected visibly is, if it is key material: `None` for
+/// anything that may be a path.
+fn key_material(value: &str) -> Option<(&'static str, bool)> {
+    const PRIVATE: bool = true;
+    if value.contains("AGE-SECRET-KEY-") {
+        Some(("an age private key (AGE-SECRET-KEY-1…)", PRIVATE))
+    } else if value.contains("PRIVATE KEY-----") {
+        Some(("a private key in PEM (-----BEGIN PRIVATE KEY-----)", PRIVATE))
+    } else if value.contains("-----BEGIN") {
+        Some(("a PEM block", !PRIVATE))
+    } else if value.trim_start().starts_with(super::encryption::RECIPIENT_PREFIX) {
+        Some(("an age recipient (age1…), a public key", !PRIVATE))
+    } else if value.trim_start().starts_with(SHORT_PREFIX) {
+        Some(("an ed25519: public key", !PRIVATE))
+    } else if value.contains('\n') {
+        Some(("several lines of text", !PRIVATE))
+    } else {
+        None
+    }
+}
+
+/// The files `value` of key flag `flag` names, with their text: the file `value`, or the files
+/// of the directory `value`. A value that is neither an existing path nor visibly one (absolute,
+/// `./`, `../`) is never repeated: the error names the flag and, when the value is visibly key
+/// material, what it is (a private key where a public one is expected is refused as such).
+pub(super) fn key_files(flag: &str, value: &str, takes: Takes) -> Result<Vec<(String, String)>, Error> {
+    let path = Path::new(value);
+    let material = key_material(value);
+    if material.is_none() && path.exists() {
+        return read_key_files(path);
+    }
+    let reason = match (material, takes) {
+        (Some((what, true)), Takes::Public) => format!(
+            "the value is {what}: this flag takes public keys, and a private key belongs only where \
+             snapshots are {} (the value is not repeated here)",
+            if flag == ENCRYPT_TO_FLAG { "restored" } else { "written" }
+        ),
+        (Some((what, true)), Takes::Private) => format!(
+            "the value is {what}, not the path of a key file: put the key in a file (mode 0600, or a \
+             Kubernetes Secret mounted as one) and give its path (the value is not repeated here)"
+        ),
+        (Some((what, false)), Takes::Private) => {
+            format!("the value is {what}, not the path of a file of private keys (the value is not repeated here)")
+        }
+        (Some((what, false)), Takes::Public) => {
+            format!("the value is {what}, which this flag takes neither inline nor as a path (not repeated here)")
+        }
+        // An absolute or `./` path is named (no key's text starts so: PEM's base64 of an
+        // Ed25519 key starts `MC4C`, an age key `AGE-`); anything else may be a key's text.
+        (None, _) if looks_like_a_path(value) => {
+            let reason =
+                std::fs::metadata(path).err().map_or_else(|| "cannot read".into(), |e| format!("cannot read: {e}"));
+            return Err(key_error(value, reason));
+        }
+        (None, _) => "no file or directory at the path given (the value is not repeated here: it may be a key)".into(),
+    };
+    Err(key_error(flag, reason))
+}
+
+/// Whether `value` (a command-line argument, say) visibly holds a private key or key text of
+/// several lines (PEM): never to be repeated in a message.
+pub fn hides_a_key(value: &str) -> bool {
+    key_material(value).is_some_and(|(what, private)| private || what.contains("PEM") || what.contains("lines"))
+}
+
+/// A single line that starts as an absolute or a `./`, `../` path does, without whitespace.
+fn looks_like_a_path(value: &str) -> bool {
+    (value.starts_with('/') || value.starts_with("./") || value.starts_with("../"))
+        && !value.chars().any(char::is_whitespace)
+        && value.len() <= 4096
+}
+
 /// A key spec's files with their text: `path` itself, or the files of the directory `path`.
-pub(super) fn read_key_files(path: &Path) -> Result<Vec<(String, String)>, Error> {
+fn read_key_files(path: &Path) -> Result<Vec<(String, String)>, Error> {
     let read = |p: &Path| {
         std::fs::read_to_string(p)
             .map(|text| (p.display().to_string(), text))
@@ -491,6 +582,33 @@ mod tests {
         assert!(err.starts_with("key signing.key: not an Ed25519 private key"), "{err}");
         let err = SigningKey::load(Path::new("/nonexistent/signing.key")).unwrap_err().to_string();
         assert!(err.starts_with("key /nonexistent/signing.key: cannot read"), "{err}");
+    }
+
+    /// F150: a key given as the value of a key flag is refused naming the flag, never repeated;
+    /// a private key where a public one is expected is refused as such; a path is named.
+    #[test]
+    fn a_key_given_where_a_path_is_expected_names_the_flag_never_the_key() {
+        let pem = SigningKey::generate().to_pem().unwrap();
+        let body: Vec<&str> = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        let age = "AGE-SECRET-KEY-1QQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQ";
+        let refused = |flag: &str, value: &str, takes: Takes| key_files(flag, value, takes).unwrap_err().to_string();
+        for (flag, value, takes, says) in [
+            (SIGNING_KEY_FLAG, pem.as_str(), Takes::Private, "a private key in PEM"),
+            (DECRYPTION_KEY_FLAG, age, Takes::Private, "an age private key"),
+            (TRUSTED_KEY_FLAG, pem.as_str(), Takes::Public, "takes public keys"),
+            (ENCRYPT_TO_FLAG, age, Takes::Public, "takes public keys"),
+            (DECRYPTION_KEY_FLAG, "age1abc", Takes::Private, "a public key"),
+            (SIGNING_KEY_FLAG, "MC4CAQAwBQYDK2VwBCIEIabc", Takes::Private, "no file or directory"),
+        ] {
+            let err = refused(flag, value, takes);
+            assert!(err.starts_with(&format!("key {flag}: ")) && err.contains(says), "{flag}: {err}");
+            assert!(!err.contains(age) && !err.contains("MC4CAQAw"), "{flag}: key material in {err}");
+            assert!(body.iter().all(|line| !err.contains(line)), "{flag}: key material in {err}");
+            assert!(hides_a_key(value) || !value.contains("SECRET") && !value.contains("PRIVATE"), "{value}");
+        }
+        let err = refused(SIGNING_KEY_FLAG, "/nonexistent/signing.key", Takes::Private);
+        assert!(err.starts_with("key /nonexistent/signing.key: cannot read"), "a path is named: {err}");
+        assert!(!hides_a_key("/etc/restatus/signing/signing.key") && !hides_a_key("age1abc"));
     }
 
     #[test]
