@@ -14,7 +14,7 @@ use restatus::restore::{Applier, RestoreOptions};
 use serde_json::{Value, json};
 
 use crate::bed::{
-    Bed, TARGET, assert_stopped_cleanly, assert_success, fleet_state, forge, generate_age_keys, generate_keys,
+    Bed, TARGET, assert_stopped_cleanly, assert_success, fleet_state, forge, generate_age_keys, generate_keys, records,
     simulate_move, stderr, stdout, unique, wait_some_restored,
 };
 
@@ -1126,4 +1126,143 @@ async fn a_closed_stdout_stops_a_jsonl_restore_cleanly() {
     assert!(!message.contains("panicked"), "{message}");
     assert!(message.contains("restore stopped by a closed stdout"), "{message}");
     assert_stopped_cleanly(&s.target_state().await);
+}
+
+/// The snapshot `id`'s objects copied from `from` into `to` (payload, signature, manifest last),
+/// byte for byte, as `aws s3 cp` copies them between two environments' prefixes.
+async fn copy_snapshot(from: &restatus::store::SnapshotStore, to: &restatus::store::SnapshotStore, id: &str) {
+    use object_store::ObjectStoreExt;
+    let id = id.parse().unwrap();
+    for (source, target) in [
+        (from.payload_path(&id), to.payload_path(&id)),
+        (from.signature_path(&id), to.signature_path(&id)),
+        (from.manifest_path(&id), to.manifest_path(&id)),
+    ] {
+        let bytes = from.object_store().get(&source).await.unwrap().bytes().await.unwrap();
+        to.object_store().put(&target, bytes.into()).await.unwrap();
+    }
+}
+
+/// F151 end to end: staging and production share one signing key and one cluster id, in two
+/// prefixes. Production's snapshot, captured from its source (a cluster not on this bed: its
+/// uid), is signed; a newer staging snapshot, a real signed backup of the bed's source, is
+/// copied into the production prefix. The restore with the key alone takes the copy (the
+/// signature binds the cluster id only: the attack); named with `--expect-source` (or
+/// `RESTATUS_EXPECT_SOURCE`), the copy is passed over, named with its source, production's is
+/// restored, and the copy pinned is refused. `snapshots list` and `show` name each source.
+#[tokio::test]
+async fn a_snapshot_copied_from_another_source_is_refused_when_the_expected_source_is_named() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (private, public, _) = generate_keys(&bed, "one-key-everywhere");
+    let public = public.display().to_string();
+    let s = Scenario::with_backup(bed, 3, 1, &["--signing-key", &private.display().to_string()]).await;
+    simulate_move(&s.bed.source().await, &s.bed.target().await, &s.spec.name, &|n| n.to_string()).await;
+    let staging = s.bed.store(&s.storage, &s.cluster);
+    let production_storage = s.bed.storage("production");
+    let production = s.bed.store(&production_storage, &s.cluster);
+    let (copied, fleet) = records(&staging, &s.snapshot).await;
+    let staging_source = copied.captured_from.clone().expect("the backup records its source");
+    let production_source = "5b0f6c1e-0000-4000-8000-00000000prod";
+    let key = restatus::format::SigningKey::load(&private).unwrap();
+    let capture =
+        restatus::format::CaptureSummary { kinds: copied.kinds.clone(), ..restatus::format::CaptureSummary::empty() };
+    let genuine = restatus::fixtures::snapshot(&fleet)
+        .at(copied.created_at - jiff::SignedDuration::from_hours(1))
+        .profile(&copied.profile)
+        .capture(capture)
+        .captured_from(production_source)
+        .signed_with(&key)
+        .write(&production)
+        .await
+        .snapshot_id
+        .to_string();
+    copy_snapshot(&staging, &production, &s.snapshot).await;
+
+    let selector = s.spec.selector();
+    let restore = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["restore", "--selector", &selector, "-o", "json", "--trusted-key", &public];
+        args.extend(extra);
+        s.bed.restatus_with(&s.bed.target_kubeconfig, &production_storage, &s.cluster, &args, env)
+    };
+    let report = |extra: &[&str], env: &[(&str, &str)]| -> Value {
+        let out = restore(extra, env);
+        assert_success(&out, &format!("restore {extra:?} {env:?}"));
+        serde_json::from_str(&stdout(&out)).expect("restore -o json")
+    };
+
+    // The attack: the copy verifies, is the newest, and would be restored.
+    assert_eq!(report(&["--dry-run"], &[])["snapshot"], s.snapshot.as_str());
+
+    // Named by the environment (as the chart sets it): passed over for production's.
+    let env = report(&["--dry-run"], &[("RESTATUS_EXPECT_SOURCE", production_source)]);
+    assert_eq!(env["snapshot"], genuine.as_str(), "{env}");
+
+    // Named by the flag: the same, and production's statuses written.
+    let restored = report(&["--expect-source", production_source], &[]);
+    assert_eq!(restored["snapshot"], genuine.as_str());
+    let passed = &restored["passedOver"][0];
+    assert_eq!(passed["snapshot"], s.snapshot.as_str(), "{restored}");
+    let reason = passed["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("captured from {staging_source}, not from the expected source ({production_source}")),
+        "{reason}"
+    );
+    s.assert_source_statuses("restored from production's snapshot").await;
+
+    // Pinned, the copy is refused, naming both sources.
+    let pinned = restore(&["--expect-source", production_source, "--snapshot", &s.snapshot, "--dry-run"], &[]);
+    assert!(!pinned.status.success(), "the copy pinned is refused");
+    assert!(stderr(&pinned).contains(&staging_source) && stderr(&pinned).contains(production_source));
+
+    // `snapshots list` and `show` name each snapshot's source.
+    let list = s.bed.restatus(&production_storage, &s.cluster, &["snapshots", "list", "-o", "json"]);
+    let rows: Value = serde_json::from_str(&stdout(&list)).unwrap();
+    let source_of = |id: &str| rows.as_array().unwrap().iter().find(|r| r["id"] == id).unwrap()["capturedFrom"].clone();
+    assert_eq!((source_of(&genuine), source_of(&s.snapshot)), (json!(production_source), json!(staging_source)));
+    let table = stdout(&s.bed.restatus(&production_storage, &s.cluster, &["snapshots", "list"]));
+    assert!(table.contains("SOURCE") && table.contains(production_source), "{table}");
+    let show = stdout(&s.bed.restatus(&production_storage, &s.cluster, &["snapshots", "show", &s.snapshot]));
+    assert!(show.contains(&format!("Source:       {staging_source}")), "{show}");
+}
+
+/// F152 end to end: backups encrypted to a recipient (public: anyone can encrypt to it, and
+/// anyone who can write the bucket can write a plain snapshot). A plain forgery, newer, is
+/// taken by a restore with the decryption key (the attack: encryption says nothing of who
+/// wrote a snapshot); with `--require-encryption` (or `RESTATUS_REQUIRE_ENCRYPTION=true`) it is
+/// passed over, named, and the encrypted snapshot restored; required without a decryption
+/// key, the restore refuses to start.
+#[tokio::test]
+async fn a_reader_that_requires_encryption_refuses_a_plain_forgery() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (key, recipient_file, _) = generate_age_keys(&bed, "required");
+    let s = Scenario::with_backup(bed, 3, 1, &["--encrypt-to", &recipient_file.display().to_string()]).await;
+    simulate_move(&s.bed.source().await, &s.bed.target().await, &s.spec.name, &|n| n.to_string()).await;
+    let keys = restatus::format::DecryptionKeys::load(std::slice::from_ref(&key)).unwrap().map(std::sync::Arc::new);
+    let store = s.bed.store(&s.storage, &s.cluster).with_decryption_keys(keys);
+    let forged = forge(&store, &s.snapshot).await.to_string();
+    let key = key.display().to_string();
+
+    // The attack: the plain forgery is the newest and is used.
+    assert_eq!(s.report(&["--dry-run", "--decryption-key", &key])["snapshot"], forged.as_str());
+
+    let selector = s.spec.selector();
+    let env = [("RESTATUS_REQUIRE_ENCRYPTION", "true"), ("RESTATUS_DECRYPTION_KEY", key.as_str())];
+    let args = ["restore", "--selector", &selector, "-o", "json", "--dry-run"];
+    let out = s.bed.restatus_with(&s.bed.target_kubeconfig, &s.storage, &s.cluster, &args, &env);
+    assert_success(&out, "restore with RESTATUS_REQUIRE_ENCRYPTION=true");
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["snapshot"], s.snapshot.as_str(), "{report}");
+
+    let report = s.report(&["--decryption-key", &key, "--require-encryption"]);
+    assert_eq!(report["snapshot"], s.snapshot.as_str());
+    let passed = &report["passedOver"][0];
+    assert_eq!(passed["snapshot"], forged.as_str());
+    assert!(passed["reason"].as_str().unwrap().contains("not encrypted"), "{passed}");
+    s.assert_source_statuses("restored from the encrypted snapshot").await;
+
+    let out = s.restore(&["--require-encryption", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--require-encryption needs --decryption-key"), "{}", stderr(&out));
 }

@@ -39,6 +39,21 @@ pub enum Error {
     )]
     SameCluster { snapshot: String, cluster: String },
 
+    /// A snapshot captured from another source than the one a reader expects
+    /// (`--expect-source`): one copied from another environment's prefix.
+    #[error(
+        "snapshot {snapshot} was captured from {captured_from}, not from the expected source ({expected}, \
+         --expect-source): a snapshot of another cluster, copied here"
+    )]
+    WrongSource { snapshot: String, captured_from: String, expected: String },
+
+    /// A plain snapshot (or journal segment), read with `--require-encryption`.
+    #[error(
+        "{snapshot}: not encrypted, and only encrypted snapshots are used (--require-encryption); \
+         only a signature (--trusted-key) says who wrote a snapshot"
+    )]
+    NotEncrypted { snapshot: String },
+
     /// An unsigned snapshot, read with trusted keys configured.
     #[error("snapshot {snapshot}: not signed, and only signed snapshots are trusted (--trusted-key)")]
     Unsigned { snapshot: String },
@@ -181,6 +196,8 @@ impl Error {
             Error::NotDeleted { .. } => "not_deleted",
             Error::Inconsistent { .. } => "inconsistent_snapshot",
             Error::SameCluster { .. } => "same_cluster_snapshot",
+            Error::WrongSource { .. } => "wrong_source_snapshot",
+            Error::NotEncrypted { .. } => "plain_snapshot",
             Error::Unsigned { .. } => "unsigned_snapshot",
             Error::BadSignature { .. } => "bad_signature",
             Error::Encrypted { .. } => "encrypted_snapshot",

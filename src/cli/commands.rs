@@ -429,6 +429,7 @@ async fn controller(
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
         trusted_keys: keys,
+        demands: demands(g, &args.demands)?,
         // Twice the writes it may let through: an object spends part of its reconcile reading
         // (a claim) and planning, and the writes' slots stay full meanwhile.
         concurrency: 2 * args.limit.objects_in_flight(args.limit.concurrency),
@@ -450,6 +451,26 @@ async fn controller(
     let ctx = controller::Context::new(client, store, options);
     controller::run_elected(ctx, role, &election, shutdown_signal()).await?;
     Ok(())
+}
+
+/// What a restore or the controller demands of a snapshot (`--expect-source`,
+/// `--require-encryption`), said once in the log. Encryption required without a decryption
+/// key is refused: no snapshot could be used.
+fn demands(g: &Global, args: &super::DemandArgs) -> Result<restatus::store::Demands> {
+    let demands = args.demands();
+    if !demands.sources.is_empty() {
+        if g.trusted_keys.is_empty() {
+            warn!("--expect-source without --trusted-key: capturedFrom is checked, but nobody signed it");
+        }
+        info!(sources = %demands.sources.join(","), "only snapshots captured from these sources are used");
+    }
+    if demands.encryption {
+        if g.decryption_keys.is_empty() {
+            bail!("--require-encryption needs --decryption-key: without it no encrypted snapshot can be read");
+        }
+        info!("only encrypted snapshots and segments are used (--require-encryption)");
+    }
+    Ok(demands)
 }
 
 async fn restore(
@@ -474,6 +495,7 @@ async fn restore(
         allow_inconsistent: args.allow_inconsistent,
         allow_same_cluster: args.allow_same_cluster,
         trusted_keys: trusted,
+        demands: demands(g, &args.demands)?,
         journal: !args.no_journal,
         at: args.at,
         concurrency: args.limit.objects_in_flight(restatus::k8s::limit::DEFAULT_MAX),

@@ -285,6 +285,8 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub allow_same_cluster: bool,
     #[command(flatten)]
+    pub demands: DemandArgs,
+    #[command(flatten)]
     pub limit: LimitArgs,
     /// Restore to this point in time (RFC 3339, e.g. 2026-12-03T10:15:00Z): the newest snapshot
     /// captured at or before it, with the journal segments that end at or before it. Default:
@@ -327,6 +329,34 @@ impl RestoreFormat {
             RestoreFormat::Yaml => Some(OutputFormat::Yaml),
             RestoreFormat::Jsonl => None,
         }
+    }
+}
+
+/// What a reader demands of a snapshot besides a good signature (restore, controller).
+#[derive(Args, Debug, Clone)]
+pub struct DemandArgs {
+    /// Use only snapshots captured from this source: the uid of its `kube-system` namespace,
+    /// as the signed manifest's `capturedFrom` says (`snapshots list` shows it; `kubectl get
+    /// namespace kube-system -o jsonpath='{.metadata.uid}'` on the source). A snapshot of
+    /// another cluster copied into this prefix (staging into production, under one signing
+    /// key) is passed over, as is one that names no source. Repeat it, or list several
+    /// separated by commas (a rebuilt source has a new uid). Checked against the signature only
+    /// with --trusted-key: without it, anyone who can write the bucket can write the field.
+    #[arg(long = "expect-source", value_name = "UID", env = "RESTATUS_EXPECT_SOURCE", value_delimiter = ',')]
+    pub expect_source: Vec<String>,
+    /// Use only encrypted snapshots and journal segments: a plain one is passed over. This
+    /// keeps a reader from taking a plain snapshot whoever can write the bucket puts there,
+    /// and from reading on when the writers stopped encrypting; it does not say who wrote a
+    /// snapshot (the recipients are public: anyone can encrypt to them): only a signature
+    /// (--trusted-key) does. Needs --decryption-key.
+    #[arg(long, env = "RESTATUS_REQUIRE_ENCRYPTION")]
+    pub require_encryption: bool,
+}
+
+impl DemandArgs {
+    pub fn demands(&self) -> restatus::store::Demands {
+        let sources = self.expect_source.iter().map(|s| s.trim()).filter(|s| !s.is_empty()).map(String::from);
+        restatus::store::Demands { sources: sources.collect(), encryption: self.require_encryption }
     }
 }
 
@@ -416,6 +446,8 @@ pub struct ControllerArgs {
     /// snapshots onto itself by accident.
     #[arg(long)]
     pub allow_same_cluster: bool,
+    #[command(flatten)]
+    pub demands: DemandArgs,
     #[command(flatten)]
     pub limit: LimitArgs,
     /// Restore to the snapshot alone: do not read its journal. By default the controller

@@ -361,6 +361,7 @@ pub fn snapshot_table(rows: &[SnapshotSummary]) -> String {
                 r.payload_bytes.map(human_bytes).unwrap_or_default(),
                 r.conflicts.to_string(),
                 r.skipped.to_string(),
+                r.captured_from.clone().unwrap_or_default(),
                 match (&r.signed_by, r.signature) {
                     (_, None) => String::new(),
                     (None, Some(SignatureCheck::NotChecked)) => "unsigned".into(),
@@ -391,6 +392,7 @@ pub fn snapshot_table(rows: &[SnapshotSummary]) -> String {
             "SIZE",
             "CONFLICTS",
             "SKIPPED",
+            "SOURCE",
             "SIGNED BY",
             "ENCRYPTED TO",
             "JOURNAL",
@@ -495,6 +497,10 @@ pub fn manifest_text(m: &Manifest) -> String {
     out += &format!("Profile:      {}\n", m.profile);
     out += &format!("Created:      {}\n", m.created_at);
     out += &format!("Completed:    {}\n", m.completed_at);
+    out += &format!(
+        "Source:       {}\n",
+        m.captured_from.as_deref().map_or("not recorded".into(), |uid| format!("{uid} (capturedFrom)"))
+    );
     out += &format!("Signed by:    {}\n", m.signed_by.as_ref().map_or("unsigned".to_string(), |k| format!("key {k}")));
     out += &format!(
         "Encrypted to: {}\n",

@@ -29,6 +29,8 @@ pub struct ControllerOptions {
     pub allow_same_cluster: bool,
     /// Use only snapshots signed by one of these keys.
     pub trusted_keys: Option<Arc<crate::format::TrustedKeys>>,
+    /// What it demands of a snapshot besides (`--expect-source`, `--require-encryption`).
+    pub demands: crate::store::Demands,
     /// Objects reconciled at once (the work queue); their writes pass the client's
     /// [`ControllerOptions::write_limit`] when it has one (make this its max).
     pub concurrency: usize,
@@ -108,6 +110,7 @@ impl Context {
                     at: None,
                     // Remembered across refreshes: junk is read and verified once.
                     refused: Default::default(),
+                    demands: self.options.demands.clone(),
                 }
             })
             .await

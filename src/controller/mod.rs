@@ -536,6 +536,7 @@ mod tests {
             allow_inconsistent: false,
             allow_same_cluster: false,
             trusted_keys: None,
+            demands: Default::default(),
             concurrency: 1,
             write_limit: None,
             snapshot_refresh: Duration::from_secs(60),

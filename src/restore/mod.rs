@@ -47,6 +47,9 @@ pub struct RestoreOptions {
     pub allow_same_cluster: bool,
     /// Use only snapshots signed by one of these keys.
     pub trusted_keys: Option<Arc<TrustedKeys>>,
+    /// What the restore demands of a snapshot besides (`--expect-source`,
+    /// `--require-encryption`).
+    pub demands: crate::store::Demands,
     /// Restore to the point in time a base's journal reaches (its newest complete point, or
     /// the newest at or before [`RestoreOptions::at`]); `false`: the snapshot alone.
     pub journal: bool,
@@ -91,6 +94,7 @@ impl RestoreOptions {
             allow_inconsistent: false,
             allow_same_cluster: false,
             trusted_keys: None,
+            demands: Default::default(),
             journal: true,
             at: None,
             concurrency: crate::k8s::limit::DEFAULT_START,
@@ -353,6 +357,7 @@ async fn load(
         journal: opts.journal,
         at: opts.at,
         refused: Default::default(),
+        demands: opts.demands.clone(),
     };
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
     let manifest = loaded.restore_manifest();

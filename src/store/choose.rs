@@ -14,7 +14,7 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use super::snapshots::SnapshotStore;
-use crate::format::{Chain, KeyId, Manifest, Records, SnapshotId, TrustedKeys, choose_point};
+use crate::format::{Chain, ChainStop, KeyId, Manifest, Records, SnapshotId, TrustedKeys, choose_point};
 use crate::{Error, Result};
 
 /// A snapshot that was passed over, and why.
@@ -134,7 +134,8 @@ pub struct ReadOn {
 pub async fn read_on(store: &SnapshotStore, tail: &Tail, records: &Records, accept: &Accept) -> Result<ReadOn> {
     let base = &tail.base;
     let known = tail.chain.links.len();
-    let chain = store.read_chain_from(tail.chain.clone(), base.created_at, accept.trusted.as_deref()).await?;
+    let mut chain = store.read_chain_from(tail.chain.clone(), base.created_at, accept.trusted.as_deref()).await?;
+    accept.demands.cut(&mut chain, known);
     let gap = chain.stop_message(base.created_at);
     let new = &chain.links[known..];
     let choice = choose_point(new, None, tail.point.consistent, accept.inconsistent);
@@ -182,6 +183,9 @@ pub struct Accept {
     pub at: Option<Timestamp>,
     /// The snapshots refused so far for what they hold, not read again (see [`Refused`]).
     pub refused: Refused,
+    /// What a reader demands of the snapshots themselves (`--expect-source`,
+    /// `--require-encryption`).
+    pub demands: Demands,
 }
 
 /// Snapshots refused for what they hold (their manifest, signature, encryption or payload:
@@ -227,6 +231,48 @@ impl Refused {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+
+/// What a reader demands of a snapshot's manifest and of its journal's segments besides a good
+/// signature: checked where a snapshot is chosen, before its payload is downloaded.
+#[derive(Debug, Clone, Default)]
+pub struct Demands {
+    /// The sources a snapshot may have been captured from (their `kube-system` uids, as the
+    /// manifest's signed `capturedFrom` says; `--expect-source`): a snapshot copied from
+    /// another environment's prefix, or one that names no source, is refused. Empty: any.
+    pub sources: Vec<String>,
+    /// Only encrypted snapshots and segments (`--require-encryption`): a plain one is refused.
+    pub encryption: bool,
+}
+
+impl Demands {
+    /// Why a snapshot with `manifest` is refused, if it is.
+    pub fn refuses(&self, manifest: &Manifest) -> Option<Error> {
+        let snapshot = || manifest.snapshot_id.to_string();
+        if !self.sources.is_empty() && !manifest.captured_from.as_ref().is_some_and(|from| self.sources.contains(from))
+        {
+            let captured_from = manifest.captured_from.clone().unwrap_or_else(|| "an unknown source".into());
+            return Some(Error::WrongSource { snapshot: snapshot(), captured_from, expected: self.sources.join(", ") });
+        }
+        if self.encryption && manifest.encryption.is_none() {
+            return Some(Error::NotEncrypted { snapshot: format!("snapshot {}", snapshot()) });
+        }
+        None
+    }
+
+    /// Cuts `chain` before its first link from `from` on that these demands refuse (a plain
+    /// segment, with encryption required), as a gap: the point stays before it.
+    pub fn cut(&self, chain: &mut Chain, from: usize) {
+        if !self.encryption {
+            return;
+        }
+        let Some(at) = chain.links.iter().skip(from).position(|l| l.header.encryption.is_none()) else { return };
+        let refused = chain.links.drain(from + at..).next().map(|l| l.header.sequence);
+        if let Some(sequence) = refused {
+            let reason = Error::NotEncrypted { snapshot: "the segment".into() }.to_string();
+            chain.stop = Some(ChainStop { sequence, reason });
+        }
+    }
 }
 
 impl Accept {
@@ -238,6 +284,9 @@ impl Accept {
             && !self.same_cluster
         {
             return Some(Error::SameCluster { snapshot: manifest.snapshot_id.to_string(), cluster: this.clone() });
+        }
+        if let Some(refused) = self.demands.refuses(manifest) {
+            return Some(refused);
         }
         if !manifest.is_consistent() && !self.inconsistent && !self.journal {
             let snapshot = manifest.snapshot_id.to_string();
@@ -412,7 +461,8 @@ async fn at_point(
 async fn chain_point(store: &SnapshotStore, manifest: &Manifest, accept: &Accept) -> Result<(Chain, Point)> {
     let id = &manifest.snapshot_id;
     let empty = crate::format::Chain::empty(id.clone());
-    let chain = store.read_chain_from(empty, manifest.created_at, accept.trusted.as_deref()).await?;
+    let mut chain = store.read_chain_from(empty, manifest.created_at, accept.trusted.as_deref()).await?;
+    accept.demands.cut(&mut chain, 0);
     let gap = chain.stop_message(manifest.created_at);
     let Some(choice) = choose_point(&chain.links, accept.at, manifest.is_consistent(), accept.inconsistent) else {
         let reason = match chain.links.is_empty() {
@@ -577,6 +627,87 @@ mod tests {
 
     fn journal() -> Accept {
         Accept { journal: true, ..Accept::default() }
+    }
+
+    /// F151: with one signing key across environments, a staging snapshot copied into the
+    /// production prefix is newer and verifies: without a named source it is used (the
+    /// attack); with `--expect-source` it is passed over, named, for the production one, and
+    /// pinned it is refused; a snapshot that names no source is refused too.
+    #[tokio::test]
+    async fn a_snapshot_of_another_source_is_refused_when_the_expected_source_is_named() {
+        use crate::fixtures::snapshot;
+        let store = SnapshotStore::open("memory://", "c").unwrap();
+        let key = crate::format::SigningKey::generate();
+        let trusted = Some(Arc::new(TrustedKeys::new([key.public_key()])));
+        let prod = [server("a", "Reserved")];
+        let staging = [server("a", "Available")];
+        let at = |t: &str| ts(t);
+        let genuine = snapshot(&prod)
+            .at(at("2026-11-30T09:00:00Z"))
+            .captured_from("prod-uid")
+            .signed_with(&key)
+            .write(&store)
+            .await;
+        let copied = snapshot(&staging)
+            .at(at("2026-11-30T10:00:00Z"))
+            .captured_from("stg-uid")
+            .signed_with(&key)
+            .write(&store)
+            .await;
+        let trusting = Accept { trusted: trusted.clone(), ..journal() };
+        let loaded = choose_snapshot(&store, None, &trusting).await.unwrap();
+        assert_eq!(loaded.manifest.snapshot_id, copied.snapshot_id, "the attack: the copy verifies and is newest");
+
+        let demands = Demands { sources: vec!["prod-uid".into()], encryption: false };
+        let expecting = Accept { demands, ..trusting };
+        let loaded = choose_snapshot(&store, None, &expecting).await.unwrap();
+        assert_eq!(loaded.manifest.snapshot_id, genuine.snapshot_id);
+        assert_eq!(states(&loaded), [r#"a={"state":"Reserved"}"#]);
+        assert_eq!(loaded.passed_over.len(), 1);
+        let reason = &loaded.passed_over[0].reason;
+        assert!(reason.contains("captured from stg-uid, not from the expected source (prod-uid"), "{reason}");
+        let pinned = choose_snapshot(&store, Some(&copied.snapshot_id), &expecting).await.err().unwrap();
+        assert!(matches!(pinned, Error::WrongSource { .. }), "{pinned}");
+
+        // A snapshot that names no source is not one of the expected sources.
+        let unnamed = snapshot(&staging).at(at("2026-11-30T11:00:00Z")).signed_with(&key).write(&store).await;
+        let err = choose_snapshot(&store, Some(&unnamed.snapshot_id), &expecting).await.err().unwrap();
+        assert!(err.to_string().contains("captured from an unknown source"), "{err}");
+    }
+
+    /// F152: whoever can write the bucket writes a plain snapshot (no key needed) and plain
+    /// segments on an encrypted base: a reader that requires encryption passes the snapshot
+    /// over for the encrypted one and stops the chain before the plain segment, naming it.
+    #[tokio::test]
+    async fn a_reader_that_requires_encryption_refuses_plain_snapshots_and_segments() {
+        use crate::fixtures::snapshot;
+        use crate::format::{DecryptionKeys, Recipients};
+        let (text, recipient) = DecryptionKeys::generate(ts("2026-11-30T08:00:00Z"));
+        let keys = DecryptionKeys::parse_all("k", &text).unwrap();
+        let recipients = Recipients::load(&[recipient]).unwrap().unwrap();
+        let store = SnapshotStore::open("memory://", "c").unwrap().with_decryption_keys(Some(Arc::new(keys)));
+        let genuine = [server("a", "Reserved")];
+        let base = snapshot(&genuine).at(ts("2026-11-30T09:00:00Z")).encrypted_to(&recipients).write(&store).await;
+        append_segment(&store, &base, &[server("a", "Forged")], 5, true).await;
+        let forged = [server("a", "Available")];
+        let plain = snapshot(&forged).at(ts("2026-11-30T10:00:00Z")).write(&store).await;
+        let loaded = choose_snapshot(&store, None, &journal()).await.unwrap();
+        assert_eq!(loaded.manifest.snapshot_id, plain.snapshot_id, "the attack: the plain forgery is newest");
+
+        let requiring = Accept { demands: Demands { sources: vec![], encryption: true }, ..journal() };
+        let loaded = choose_snapshot(&store, None, &requiring).await.unwrap();
+        assert_eq!(loaded.manifest.snapshot_id, base.snapshot_id);
+        assert!(loaded.passed_over[0].reason.contains("not encrypted"), "{:?}", loaded.passed_over);
+        assert_eq!(states(&loaded), [r#"a={"state":"Reserved"}"#], "the plain segment is not applied");
+        let point = loaded.point.unwrap();
+        assert_eq!(point.segments_applied, 0);
+        let gap = point.gap.unwrap();
+        assert!(gap.contains("segment 1 of base") && gap.contains("not encrypted"), "{gap}");
+
+        // The controller's refresh reads on: a plain segment after an encrypted one stops it too.
+        let tail = loaded.tail.unwrap();
+        let read = read_on(&store, &tail, &loaded.records, &requiring).await.unwrap();
+        assert!(read.newer.is_none() && read.gap.is_some_and(|g| g.contains("not encrypted")));
     }
 
     #[tokio::test]

@@ -37,6 +37,10 @@ pub struct SnapshotSummary {
     /// The snapshot is dated ahead of this clock (its writer's clock was ahead).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub ahead_of_clock: bool,
+    /// The cluster it was captured from, as its manifest says (`capturedFrom`: the uid of the
+    /// source's `kube-system` namespace; what `--expect-source` names).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub captured_from: Option<String>,
     /// The key id the manifest says signed it (absent: unsigned).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signed_by: Option<String>,
@@ -174,6 +178,7 @@ impl SnapshotSummary {
             inconsistencies: vec![],
             error: None,
             ahead_of_clock: entry.id.timestamp().is_some_and(|t| is_ahead_of(t, now)),
+            captured_from: None,
             signed_by: None,
             signature: None,
             encrypted_to: None,
@@ -190,6 +195,7 @@ impl SnapshotSummary {
         self.uncompressed_bytes = Some(m.payload.uncompressed_size);
         self.conflicts = m.conflict_count();
         self.skipped = m.skipped_count();
+        self.captured_from = m.captured_from.clone();
         self.signed_by = m.signed_by.as_ref().map(|k| k.to_string());
         self.encrypted_to = m.encryption.as_ref().map(|e| e.recipients.clone());
         let (consistency, inconsistencies) = consistency(m);

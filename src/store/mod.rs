@@ -25,8 +25,8 @@ pub mod snapshots;
 
 pub use backend::{DEFAULT_STORAGE, S3Options, SSE_MODES};
 pub use choose::{
-    Accept, Loaded, Passed, Point, ReadOn, Refused, Tail, choose_newer, choose_snapshot, newest_verified, read_on,
-    resolve, resolve_at, snapshot_at,
+    Accept, Demands, Loaded, Passed, Point, ReadOn, Refused, Tail, choose_newer, choose_snapshot, newest_verified,
+    read_on, resolve, resolve_at, snapshot_at,
 };
 pub use listing::{JournalSummary, SignatureCheck, SnapshotState, SnapshotSummary, describe_snapshots};
 pub use retention::{Deletion, RetentionPolicy};
