@@ -1415,4 +1415,64 @@ async fn chart_backups_keep_the_snapshot_before_a_drop_in_records() {
     assert_success(&bed.restatus(&storage, cluster, &["snapshots", "delete", &good, "--force"]), "delete by hand");
     let after = backup(0);
     assert_eq!(records(&store, &after).await.0.record_drop, None, "acknowledged: no mark");
+/// F151, F152 as deployed: `controller.expectSource` and `controller.requireEncryption` reach
+/// the controller (and only it) as `--expect-source` and `--require-encryption`, which the
+/// binary takes; nothing of them by default; encryption required without a decryption key
+/// fails at render, naming the value to set. Kustomize: the controller names the source by
+/// RESTATUS_EXPECT_SOURCE (empty until set), and the component `require-encryption` sets
+/// RESTATUS_REQUIRE_ENCRYPTION on the controller alone.
+#[test]
+fn chart_and_kustomize_let_the_controller_name_its_source_and_require_encryption() {
+    let bed = Bed::get();
+    let all = ["backup.enabled=true", "controller.enabled=true", "source.enabled=true", "journal.enabled=true"];
+    let args = |objects: &[Value], kind: &str, role: &str| -> Vec<String> {
+        let spec = pod_spec(objects, kind, role);
+        spec["containers"][0]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect()
+    };
+    let defaults = objects(&render("restatus", &all));
+    let rendered = render("restatus", &all);
+    assert!(!rendered.contains("--expect-source") && !rendered.contains("--require-encryption"), "by default");
+    let demands = [
+        &all[..],
+        &[
+            "controller.expectSource={11111111-aaaa-4bbb-8ccc-000000000001,22222222-aaaa-4bbb-8ccc-000000000002}",
+            "controller.requireEncryption=true",
+            "encryption.decryptionKeySecret=restatus-decryption-key",
+        ],
+    ]
+    .concat();
+    let objects = objects(&render("restatus", &demands));
+    let controller = args(&objects, "Deployment", "controller");
+    assert!(
+        controller.contains(
+            &"--expect-source=11111111-aaaa-4bbb-8ccc-000000000001,22222222-aaaa-4bbb-8ccc-000000000002".to_string()
+        ),
+        "{controller:?}"
+    );
+    assert!(controller.contains(&"--require-encryption".to_string()), "{controller:?}");
+    for (kind, role) in [("CronJob", "backup"), ("Deployment", "source"), ("Deployment", "journal")] {
+        assert_eq!(args(&objects, kind, role), args(&defaults, kind, role), "{role}: unchanged");
+    }
+    // The binary takes the rendered arguments (parsed; it stops at the missing kubeconfig).
+    let mut run_args = controller.clone();
+    run_args.extend(["--kubeconfig".into(), "/nonexistent".into()]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_restatus")).args(&run_args).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "parsed, then no cluster: {}", stderr(&out));
+
+    let mut missing = vec!["controller.enabled=true", "controller.requireEncryption=true"];
+    missing.extend(REQUIRED);
+    let err = render_fails(&missing);
+    assert!(err.contains("controller.requireEncryption needs encryption.decryptionKeySecret"), "{err}");
+    assert!(render_fails(&[&REQUIRED[..], &["controller.expectSource=uid"]].concat()).contains("expectSource"));
+
+    let plain = first_pod(&kustomize(&bed, "controller"), "Deployment");
+    assert_eq!(env(&plain, "RESTATUS_EXPECT_SOURCE"), Some(json!("")), "named, empty until set");
+    assert_eq!(env(&plain, "RESTATUS_REQUIRE_ENCRYPTION"), None);
+    let overlay = |role: &str| kustomize_overlay(&bed, "overlay-req-", role, &["decryption-key", "require-encryption"]);
+    let spec = first_pod(&overlay("controller"), "Deployment");
+    assert_eq!(env(&spec, "RESTATUS_REQUIRE_ENCRYPTION"), Some(json!("true")));
+    assert_eq!(env(&spec, "RESTATUS_DECRYPTION_KEY"), Some(json!("/etc/restatus/decryption/decryption.agekey")));
+    for (role, kind) in [("backup", "CronJob"), ("source", "Deployment")] {
+        assert_eq!(env(&first_pod(&overlay(role), kind), "RESTATUS_REQUIRE_ENCRYPTION"), None, "{role}");
+    }
 }
