@@ -246,6 +246,21 @@ pub fn assert_success(out: &Output, what: &str) {
     assert!(out.status.success(), "{what} failed ({}):\nstdout: {}\nstderr: {}", out.status, stdout(out), stderr(out));
 }
 
+/// The snapshot `id`'s objects copied from `from` into `to` (payload, signature, manifest last),
+/// byte for byte, as `aws s3 cp` copies them between two environments' prefixes.
+pub async fn copy_snapshot(from: &SnapshotStore, to: &SnapshotStore, id: &str) {
+    use object_store::ObjectStoreExt;
+    let id = id.parse().unwrap();
+    for (source, target) in [
+        (from.payload_path(&id), to.payload_path(&id)),
+        (from.signature_path(&id), to.signature_path(&id)),
+        (from.manifest_path(&id), to.manifest_path(&id)),
+    ] {
+        let bytes = from.object_store().get(&source).await.unwrap().bytes().await.unwrap();
+        to.object_store().put(&target, bytes.into()).await.unwrap();
+    }
+}
+
 /// Loads a snapshot fully verified and returns its records.
 pub async fn records(store: &SnapshotStore, manifest_id: &str) -> (Manifest, Vec<Record>) {
     let id = manifest_id.trim().parse().expect("snapshot id");

@@ -16,8 +16,8 @@ use serde_json::json;
 
 use crate::bed::{
     Bed, CountingProxy, ExtraApiServer, InjectedPolicy, QUIESCE_PATCH, TARGET, assert_stopped_cleanly, assert_success,
-    audit_events, ensure_namespace, fleet_state, foreign_patches, forge, generate_age_keys, generate_keys, merge_patch,
-    simulate_move, stderr, stdout, unique, wait_some_restored,
+    audit_events, copy_snapshot, ensure_namespace, fleet_state, foreign_patches, forge, generate_age_keys,
+    generate_keys, merge_patch, records, simulate_move, stderr, stdout, unique, wait_some_restored,
 };
 
 /// A controller to start: `ControllerRun::new(&bed, &storage, &cluster, &selector)`, on the
@@ -1712,4 +1712,68 @@ async fn forged_snapshots_are_read_once_not_at_every_refresh() {
     let (_, ready) = controller.get("/readyz").await.unwrap();
     assert!(ready.contains(&signed), "the signed snapshot stays in use: {ready}");
     assert!(controller.stop().await.success());
+/// F151 with the controller, deployed as kustomize deploys it (RESTATUS_EXPECT_SOURCE): staging
+/// and production share one signing key and one cluster id in two prefixes; a newer staging
+/// snapshot (a real signed backup of the bed's source) is copied into production's prefix,
+/// beside production's signed snapshot of another source. The controller naming production's
+/// source never adopts the copy (it uses production's; its log names the copy passed
+/// over and why) and restores the moved fleet from production's snapshot (each object's
+/// restored-from annotation names it; it never logs "using snapshot" of the copy).
+#[tokio::test]
+async fn the_controller_naming_its_source_never_adopts_a_snapshot_copied_from_another() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (private, public, _) = generate_keys(&bed, "one-key-for-the-controller");
+    let spec = FleetSpec::new(&unique("src"), 3, 3, 1);
+    fleet::create(&bed.source().await, &spec, 8).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let staging_storage = bed.storage("staging");
+    let backup = ["backup", "--selector", &selector, "--signing-key", private.to_str().unwrap()];
+    let out = bed.restatus(&staging_storage, &spec.name, &backup);
+    assert_success(&out, "staging's signed backup");
+    let copied = stdout(&out).trim().to_string();
+    let (staging, production_storage) = (bed.store(&staging_storage, &spec.name), bed.storage("production"));
+    let production = bed.store(&production_storage, &spec.name);
+    let (manifest, fleet) = records(&staging, &copied).await;
+    let production_source = "5b0f6c1e-0000-4000-8000-0000000c0ffe";
+    let key = restatus::format::SigningKey::load(&private).unwrap();
+    let capture =
+        restatus::format::CaptureSummary { kinds: manifest.kinds.clone(), ..restatus::format::CaptureSummary::empty() };
+    let genuine = restatus::fixtures::snapshot(&fleet)
+        .at(manifest.created_at - jiff::SignedDuration::from_hours(1))
+        .profile(&manifest.profile)
+        .capture(capture)
+        .captured_from(production_source)
+        .signed_with(&key)
+        .write(&production)
+        .await
+        .snapshot_id
+        .to_string();
+    copy_snapshot(&staging, &production, &copied).await;
+
+    let controller = ControllerRun::new(&bed, &production_storage, &spec.name, &selector)
+        .env("RESTATUS_TRUSTED_KEYS", public.to_str().unwrap())
+        .env("RESTATUS_EXPECT_SOURCE", production_source)
+        .start_ready()
+        .await;
+    // Bounded: it loads a snapshot as soon as it leads (a Lease of its own, at once).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let using = |log: &str, id: &str| log.lines().any(|l| l.contains("using snapshot") && l.contains(id));
+    let mut log = String::new();
+    while !using(&log, &genuine) {
+        assert!(Instant::now() < deadline, "production's snapshot never used; its log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+    }
+    assert!(log.contains("not from the expected source") && log.contains(&copied), "the copy passed over:\n{log}");
+
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(60)).await;
+    let state = fleet_state(&bed.target().await, &spec.name).await;
+    for (name, (_, annotations)) in &state {
+        assert_eq!(annotations.get(RESTORED_FROM_ANNOTATION), Some(&genuine), "{name} restored from");
+    }
+    let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+    assert!(!log.lines().any(|l| l.contains("using snapshot") && l.contains(&copied)), "adopted the copy:\n{log}");
+    assert!(controller.stop().await.success(), "controller exit on SIGTERM");
 }

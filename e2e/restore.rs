@@ -14,8 +14,8 @@ use restatus::restore::{Applier, RestoreOptions};
 use serde_json::{Value, json};
 
 use crate::bed::{
-    Bed, TARGET, assert_stopped_cleanly, assert_success, fleet_state, forge, generate_age_keys, generate_keys, records,
-    simulate_move, stderr, stdout, unique, wait_some_restored,
+    Bed, TARGET, assert_stopped_cleanly, assert_success, copy_snapshot, fleet_state, forge, generate_age_keys,
+    generate_keys, records, simulate_move, stderr, stdout, unique, wait_some_restored,
 };
 
 /// A fleet on the source, backed up under a cluster id of its own.
@@ -1126,21 +1126,6 @@ async fn a_closed_stdout_stops_a_jsonl_restore_cleanly() {
     assert!(!message.contains("panicked"), "{message}");
     assert!(message.contains("restore stopped by a closed stdout"), "{message}");
     assert_stopped_cleanly(&s.target_state().await);
-}
-
-/// The snapshot `id`'s objects copied from `from` into `to` (payload, signature, manifest last),
-/// byte for byte, as `aws s3 cp` copies them between two environments' prefixes.
-async fn copy_snapshot(from: &restatus::store::SnapshotStore, to: &restatus::store::SnapshotStore, id: &str) {
-    use object_store::ObjectStoreExt;
-    let id = id.parse().unwrap();
-    for (source, target) in [
-        (from.payload_path(&id), to.payload_path(&id)),
-        (from.signature_path(&id), to.signature_path(&id)),
-        (from.manifest_path(&id), to.manifest_path(&id)),
-    ] {
-        let bytes = from.object_store().get(&source).await.unwrap().bytes().await.unwrap();
-        to.object_store().put(&target, bytes.into()).await.unwrap();
-    }
 }
 
 /// F151 end to end: staging and production share one signing key and one cluster id, in two
