@@ -378,7 +378,9 @@ fn key_material(value: &str) -> Option<(&'static str, bool)> {
         Some(("a private key in PEM (-----BEGIN PRIVATE KEY-----)", PRIVATE))
     } else if value.contains("-----BEGIN") {
         Some(("a PEM block", !PRIVATE))
-    } else if value.trim_start().starts_with(super::encryption::RECIPIENT_PREFIX) {
+    } else if value.trim_start().starts_with("age1") {
+        // An age recipient (`encryption::RECIPIENT_PREFIX`; named here, since `encryption`
+        // sits on this module).
         Some(("an age recipient (age1…), a public key", !PRIVATE))
     } else if value.trim_start().starts_with(SHORT_PREFIX) {
         Some(("an ed25519: public key", !PRIVATE))
