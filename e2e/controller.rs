@@ -1777,3 +1777,50 @@ async fn the_controller_naming_its_source_never_adopts_a_snapshot_copied_from_an
     assert!(!log.lines().any(|l| l.contains("using snapshot") && l.contains(&copied)), "adopted the copy:\n{log}");
     assert!(controller.stop().await.success(), "controller exit on SIGTERM");
 }
+
+/// F152 with the controller, deployed as the kustomize components `decryption-key` and
+/// `require-encryption` deploy it: backups encrypted to a recipient, then a plain forgery
+/// (newer, no key needed to write it). The controller requiring encryption never adopts the
+/// forgery (its log names it passed over, not encrypted) and restores the moved fleet from the
+/// encrypted snapshot (each object's restored-from annotation names it).
+#[tokio::test]
+async fn the_controller_requiring_encryption_never_adopts_a_plain_forgery() {
+    let _target = TARGET.read().await;
+    let bed = Bed::get();
+    let (key, recipients, _) = generate_age_keys(&bed, "controller-requires");
+    let spec = FleetSpec::new(&unique("req"), 3, 3, 1);
+    fleet::create(&bed.source().await, &spec, 8).await.unwrap();
+    let selector = format!("{FLEET_LABEL}={}", spec.name);
+    let storage = bed.storage(&spec.name);
+    let backup = ["backup", "--selector", &selector, "--encrypt-to", recipients.to_str().unwrap()];
+    let out = bed.restatus(&storage, &spec.name, &backup);
+    assert_success(&out, "encrypted backup");
+    let sealed = stdout(&out).trim().to_string();
+    let keys = restatus::format::DecryptionKeys::load(std::slice::from_ref(&key)).unwrap().map(std::sync::Arc::new);
+    let forged = forge(&bed.store(&storage, &spec.name).with_decryption_keys(keys), &sealed).await.to_string();
+
+    let controller = ControllerRun::new(&bed, &storage, &spec.name, &selector)
+        .env("RESTATUS_DECRYPTION_KEY", key.to_str().unwrap())
+        .env("RESTATUS_REQUIRE_ENCRYPTION", "true")
+        .start_ready()
+        .await;
+    // Bounded: it loads a snapshot as soon as it leads (a Lease of its own, at once).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let using = |log: &str, id: &str| log.lines().any(|l| l.contains("using snapshot") && l.contains(id));
+    let mut log = String::new();
+    while !using(&log, &sealed) {
+        assert!(Instant::now() < deadline, "the encrypted snapshot never used; its log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+    }
+    assert!(log.contains("not encrypted") && log.contains(&forged), "the forgery passed over:\n{log}");
+
+    simulate_move(&bed.source().await, &bed.target().await, &spec.name, &|n| n.to_string()).await;
+    wait_restored(&bed, &spec.name, Duration::from_secs(60)).await;
+    for (name, (_, annotations)) in &fleet_state(&bed.target().await, &spec.name).await {
+        assert_eq!(annotations.get(RESTORED_FROM_ANNOTATION), Some(&sealed), "{name} restored from");
+    }
+    let log = std::fs::read_to_string(&controller.log).unwrap_or_default();
+    assert!(!using(&log, &forged), "adopted the forgery:\n{log}");
+    assert!(controller.stop().await.success(), "controller exit on SIGTERM");
+}
