@@ -1415,6 +1415,8 @@ async fn chart_backups_keep_the_snapshot_before_a_drop_in_records() {
     assert_success(&bed.restatus(&storage, cluster, &["snapshots", "delete", &good, "--force"]), "delete by hand");
     let after = backup(0);
     assert_eq!(records(&store, &after).await.0.record_drop, None, "acknowledged: no mark");
+}
+
 /// F151, F152 as deployed: `controller.expectSource` and `controller.requireEncryption` reach
 /// the controller (and only it) as `--expect-source` and `--require-encryption`, which the
 /// binary takes; nothing of them by default; encryption required without a decryption key

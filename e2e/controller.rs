@@ -1712,6 +1712,8 @@ async fn forged_snapshots_are_read_once_not_at_every_refresh() {
     let (_, ready) = controller.get("/readyz").await.unwrap();
     assert!(ready.contains(&signed), "the signed snapshot stays in use: {ready}");
     assert!(controller.stop().await.success());
+}
+
 /// F151 with the controller, deployed as kustomize deploys it (RESTATUS_EXPECT_SOURCE): staging
 /// and production share one signing key and one cluster id in two prefixes; a newer staging
 /// snapshot (a real signed backup of the bed's source) is copied into production's prefix,

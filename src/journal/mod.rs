@@ -540,7 +540,7 @@ async fn own_base(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest,
     let records = Records::decode(base, store.verified_payload(base).await?)?;
     let read = store.read_chain(&base.snapshot_id, base.created_at, opts.chain_keys.as_deref()).await?;
     let from = read.links.last().map_or(base.created_at, |l| l.header.to);
-    let (_, payload) = PayloadEncoder::encode_all(opts.zstd_level, None, &cut.records)
+    let (pending, payload) = PayloadEncoder::encode_all(opts.zstd_level, None, &cut.records)
         .map_err(|e| Error::io("encode the changes pending", e))?;
     let header = SegmentHeader::new(
         store.cluster_id(),
@@ -556,7 +556,8 @@ async fn own_base(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest,
     );
     let mut links = read.links;
     // The changes pending as one more link, never stored: the fold merges its records.
-    links.push(Link { header, sha256: String::new(), records: cut.records.clone(), signer: None });
+    let pending = crate::format::Payload::Memory(pending.into());
+    links.push(Link { header, sha256: String::new(), payload: pending, signer: None });
     let folded = crate::format::fold(base, &records, &links)?
         .ok_or_else(|| Error::io("start a new chain", std::io::Error::other("nothing to fold")))?;
     drop(records);

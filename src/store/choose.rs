@@ -231,7 +231,7 @@ impl Refused {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
+}
 
 /// What a reader demands of a snapshot's manifest and of its journal's segments besides a good
 /// signature: checked where a snapshot is chosen, before its payload is downloaded.
