@@ -599,10 +599,11 @@ fn chart_log_level_and_format_reach_every_role() {
 }
 
 /// The signing key is a Secret mounted only where snapshots are written (the backup CronJob and
-/// the source role), the trusted public keys only where they are restored (the controller);
-/// by default neither is anywhere.
+/// the source role), the trusted public keys in every role (issue 38 item 1: each role that
+/// signs judges what it reads by them too: retention, preflight, the journal's base); by
+/// default neither is anywhere.
 #[test]
-fn chart_signing_key_only_where_backups_run_and_trusted_keys_only_where_restores_run() {
+fn chart_signing_key_only_where_backups_run_and_trusted_keys_in_every_role() {
     let all = ["backup.enabled=true", "controller.enabled=true", "source.enabled=true"];
     let defaults = render("restatus", &all);
     for word in ["RESTATUS_SIGNING_KEY", "RESTATUS_TRUSTED_KEYS", "signing-key", "trusted-keys"] {
@@ -623,7 +624,14 @@ fn chart_signing_key_only_where_backups_run_and_trusted_keys_only_where_restores
         let spec = pod(kind, role);
         assert_eq!(env(&spec, "RESTATUS_SIGNING_KEY"), Some(json!("/etc/restatus/signing/signing.key")), "{role}");
         assert_eq!(volume(&spec, "signing-key").unwrap()["secret"]["secretName"], "restatus-signing-key", "{role}");
-        assert_eq!((env(&spec, "RESTATUS_TRUSTED_KEYS"), volume(&spec, "trusted-keys")), (None, None), "{role}");
+        assert_eq!(
+            env(&spec, "RESTATUS_TRUSTED_KEYS"),
+            Some(json!("ed25519:AAAA,ed25519:BBBB,/etc/restatus/trusted-keys")),
+            "{role}"
+        );
+        assert_eq!(volume(&spec, "trusted-keys").unwrap()["configMap"]["name"], "restatus-trusted-keys", "{role}");
+        let mounts = spec["containers"][0]["volumeMounts"].to_string();
+        assert!(mounts.contains("/etc/restatus/trusted-keys"), "{role}: {mounts}");
     }
     let spec = pod("Deployment", "controller");
     assert_eq!(
@@ -642,10 +650,10 @@ fn chart_signing_key_only_where_backups_run_and_trusted_keys_only_where_restores
 
 /// The same with kustomize: the components `manifests/components/signing-key` and
 /// `trusted-keys`, added to a user's overlay of each role, mount the signing key only where
-/// snapshots are written and the trusted keys only where they are restored (a component that
-/// does not fit the role changes nothing), as the chart does.
+/// snapshots are written (a component that does not fit the role changes nothing) and the
+/// trusted keys in every role, as the chart does.
 #[test]
-fn kustomize_components_put_the_signing_key_only_where_backups_run_and_trusted_keys_only_where_restores_run() {
+fn kustomize_components_put_the_signing_key_only_where_backups_run_and_trusted_keys_in_every_role() {
     let bed = Bed::get();
     // kustomize takes only relative paths to other folders: from the overlay up to `/`.
     let overlay = |role: &str| kustomize_overlay(&bed, "overlay-", role, &["signing-key", "trusted-keys"]);
@@ -655,7 +663,9 @@ fn kustomize_components_put_the_signing_key_only_where_backups_run_and_trusted_k
         assert_eq!(volume(&spec, "signing-key").unwrap()["secret"]["secretName"], "restatus-signing-key", "{role}");
         let mounts = spec["containers"][0]["volumeMounts"].to_string();
         assert!(mounts.contains("/etc/restatus/signing"), "{role}: {mounts}");
-        assert_eq!((env(&spec, "RESTATUS_TRUSTED_KEYS"), volume(&spec, "trusted-keys")), (None, None), "{role}");
+        assert_eq!(env(&spec, "RESTATUS_TRUSTED_KEYS"), Some(json!("/etc/restatus/trusted-keys")), "{role}");
+        assert_eq!(volume(&spec, "trusted-keys").unwrap()["configMap"]["name"], "restatus-trusted-keys", "{role}");
+        assert!(mounts.contains("/etc/restatus/trusted-keys"), "{role}: {mounts}");
     }
     let spec = first_pod(&overlay("controller"), "Deployment");
     assert_eq!((env(&spec, "RESTATUS_SIGNING_KEY"), volume(&spec, "signing-key")), (None, None), "the controller");

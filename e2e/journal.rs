@@ -954,3 +954,73 @@ async fn a_pre_created_segment_header_makes_the_journal_start_a_new_chain_by_its
     assert_eq!(report["snapshot"], own.as_str(), "{report}");
     assert!(report.get("behind").is_none(), "{report}");
 }
+
+/// The complete snapshots of `store` but `known`.
+async fn other_snapshots(store: &SnapshotStore, known: &[&SnapshotId]) -> Vec<SnapshotId> {
+    let entries = store.list().await.unwrap();
+    entries.into_iter().filter(|e| e.complete && !known.contains(&&e.id)).map(|e| e.id).collect()
+}
+
+/// Issue 38 item 1 (F130, F131): a journal that signs, deployed as the chart and
+/// manifests/journal deploy it without `signing.trustedKeys` (`--signing-key`, no
+/// `--trusted-key`), trusts its own key. Two snapshots newer than its signed base are put in
+/// the bucket: one unsigned, every status `Forged` (anyone who can write the bucket), one
+/// signed with the key but dated an hour ahead (a backup machine's clock gone wrong). The
+/// journal passes both over, saying why; the changes made after them go into the signed base's
+/// chain, and its fold (`--max-segments 2`) is a snapshot signed with the key holding the
+/// signed base and those changes, no `Forged` status; it then moves to that fold, never to
+/// either planted one.
+#[tokio::test]
+async fn a_signing_journal_never_takes_a_forged_or_future_snapshot_as_its_base() {
+    let bed = Bed::get();
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-trust", 2, 2, 1).await;
+    let (key_path, _, key_id) = generate_keys(&bed, &unique("journal-trust"));
+    let key_file = key_path.display().to_string();
+    let base = backup(&bed, &storage, &cluster, &selector, &["--signing-key", &key_file]);
+    let store = bed.store(&storage, &cluster);
+    let (base_manifest, base_records) = records_of(&store, &base).await;
+    let args = ["--journal-interval", "1s", "--base-refresh", "1s", "--max-segments", "2", "--signing-key", &key_file];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+
+    let forged = crate::bed::forge(&store, base.as_str()).await;
+    let key = restatus::format::SigningKey::load(&key_path).unwrap();
+    let planted: Vec<_> = (0..base_records.len()).map(|i| base_records.record(i).unwrap()).collect();
+    let ahead = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let future = restatus::fixtures::snapshot(&planted)
+        .at(ahead)
+        .profile(&base_manifest.profile)
+        .signed_with(&key)
+        .write(&store)
+        .await
+        .snapshot_id;
+    // Each base refresh (every second) passes both over, naming them.
+    wait_log(&log, &format!("snapshot={forged}"), 1, Duration::from_secs(30)).await;
+    wait_log(&log, &format!("snapshot={future}"), 1, Duration::from_secs(30)).await;
+    let text = log_of(&log);
+    assert!(text.contains("not signed, and only signed snapshots are trusted"), "{text}");
+    assert!(text.contains("ahead of this clock by more than the clock-skew tolerance"), "{text}");
+
+    let (one, two) = (spec.server_name(0), spec.server_name(1));
+    patch_status(&source, "Server", None, &one, json!({"indicatorLED": "Blinking"})).await;
+    let blinking = |s: &[(String, Value)]| status_of(s, &one)["indicatorLED"] == "Blinking";
+    wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
+    patch_status(&source, "Server", None, &two, json!({"indicatorLED": "Lit"})).await;
+    wait_log(&log, "journal chain folded into a new base snapshot", 1, Duration::from_secs(30)).await;
+    wait_log(&log, "a newer base snapshot", 1, Duration::from_secs(30)).await;
+    stop(&mut journal, &log).await;
+
+    let folded = other_snapshots(&store, &[&base, &forged, &future]).await;
+    assert_eq!(folded.len(), 1, "one fold, nothing else: {folded:?}");
+    let (manifest, folded_records) = records(&store, folded[0].as_str()).await;
+    assert_eq!(manifest.signed_by.as_ref().map(|k| k.as_str()), Some(key_id.as_str()));
+    assert!(manifest.created_at < ahead - jiff::SignedDuration::from_mins(30), "{}", manifest.created_at);
+    let states: Vec<String> = folded_records.iter().map(|r| r.status.get().to_string()).collect();
+    assert!(!states.iter().any(|s| s.contains("Forged")), "a forged status in the fold: {states:?}");
+    let find = |name: &str| folded_records.iter().find(|r| r.name == name).map(|r| r.status.get().to_string());
+    assert!(find(&one).is_some_and(|s| s.contains("Blinking")) && find(&two).is_some_and(|s| s.contains("Lit")));
+    assert!(store.list_segments(&forged).await.unwrap().is_empty(), "nothing chained to the forged snapshot");
+    assert!(store.list_segments(&future).await.unwrap().is_empty(), "nothing chained to the future one");
+    let moved = log_of(&log);
+    assert!(moved.contains(&format!("new={}", folded[0])), "it moved to its fold: {moved}");
+}

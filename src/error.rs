@@ -75,6 +75,11 @@ pub enum Error {
     #[error("snapshot {snapshot}: payload does not decrypt: {reason}")]
     Undecryptable { snapshot: String, reason: String },
 
+    /// A snapshot dated further ahead of this clock than the clock-skew tolerance: not taken
+    /// as a journal's base (every segment chained to it would claim a time nobody saw yet).
+    #[error("snapshot {snapshot}: dated {at}, ahead of this clock by more than the clock-skew tolerance")]
+    DatedAhead { snapshot: String, at: String },
+
     /// A key file or key that cannot be used (named, never shown).
     #[error("key {source_name}: {reason}")]
     Key { source_name: String, reason: String },
@@ -202,6 +207,7 @@ impl Error {
             Error::BadSignature { .. } => "bad_signature",
             Error::Encrypted { .. } => "encrypted_snapshot",
             Error::Undecryptable { .. } => "undecryptable_snapshot",
+            Error::DatedAhead { .. } => "dated_ahead",
             Error::Key { .. } => "key",
             Error::NoGoodSnapshot { .. } => "no_good_snapshot",
             Error::SnapshotInUseGone { .. } => "snapshot_in_use_gone",

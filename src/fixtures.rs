@@ -225,6 +225,18 @@ pub async fn append_segment(
     secs: i64,
     consistent: bool,
 ) -> u64 {
+    append_signed_segment(store, base, records, secs, consistent, None).await
+}
+
+/// [`append_segment`], signed with `key` when one is given.
+pub async fn append_signed_segment(
+    store: &crate::store::SnapshotStore,
+    base: &Manifest,
+    records: &[Record],
+    secs: i64,
+    consistent: bool,
+    key: Option<&SigningKey>,
+) -> u64 {
     let chain = store.read_chain(&base.snapshot_id, base.created_at, None).await.expect("chain read");
     let seq = chain.next_sequence();
     let (bytes, summary) = encode(records);
@@ -244,7 +256,7 @@ pub async fn append_segment(
         summary,
         Some(consistency),
     );
-    store.put_segment(&mut header, bytes, None).await.expect("segment written");
+    store.put_segment(&mut header, bytes, key).await.expect("segment written");
     seq
 }
 

@@ -212,7 +212,6 @@ async fn journal(g: &Global, opened: &Opened, args: JournalArgs) -> Result<()> {
         base_wait: args.base_wait,
         zstd_level: args.zstd_level,
         max_segments: args.max_segments,
-        chain_keys: run_keys(trusted.as_deref(), signing.as_deref()).map(Arc::new),
         trusted: trusted.clone(),
         signing_key: signing,
         recipients,

@@ -111,6 +111,7 @@ impl Context {
                     // Remembered across refreshes: junk is read and verified once.
                     refused: Default::default(),
                     demands: self.options.demands.clone(),
+                    not_after: None,
                 }
             })
             .await

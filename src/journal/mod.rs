@@ -26,7 +26,8 @@ use tracing::{debug, error, info, warn};
 use crate::domain::identity::{KindProfile, Profile};
 use crate::domain::object::RawObject;
 use crate::format::{
-    Link, Manifest, PayloadEncoder, Recipients, Records, SegmentHeader, SigningKey, SnapshotId, TrustedKeys, sha256_hex,
+    CLOCK_SKEW_TOLERANCE, Link, Manifest, PayloadEncoder, Recipients, Records, SegmentHeader, SigningKey, SnapshotId,
+    TrustedKeys, sha256_hex,
 };
 use crate::k8s::watch::{RawResource, WatchEvent, WatchRequest, unavailable_reason, watch_objects};
 use crate::store::{Accept, SnapshotStore, choose_snapshot};
@@ -50,12 +51,10 @@ pub struct JournalOptions {
     pub signing_key: Option<Arc<SigningKey>>,
     /// Encrypts each segment's records (`--encrypt-to`).
     pub recipients: Option<Arc<Recipients>>,
-    /// The keys a base must be signed by, as for a restore (the `--trusted-key`s); `None`:
-    /// any snapshot.
+    /// The `--trusted-key`s. The journal judges its base and its chain by these and the public
+    /// half of its `--signing-key` ([`JournalOptions::keys`]); `None` and no signing key: any
+    /// snapshot.
     pub trusted: Option<Arc<TrustedKeys>>,
-    /// The keys the journal reads its own chain with on a restart (the `--trusted-key`s and
-    /// the public half of its `--signing-key`): a forged segment is never extended.
-    pub chain_keys: Option<Arc<TrustedKeys>>,
     /// Where the run reports what it does (`--metrics-addr` serves them); `None`: its own.
     pub metrics: Option<Arc<JournalMetrics>>,
     /// A chain this long is folded into a new base snapshot (compaction), on which a new
@@ -79,9 +78,20 @@ impl JournalOptions {
             signing_key: None,
             recipients: None,
             trusted: None,
-            chain_keys: None,
             metrics: None,
             max_segments: DEFAULT_MAX_SEGMENTS,
+        }
+    }
+
+    /// The keys a base and every segment of its chain must be signed by: the `--trusted-key`s
+    /// and the public half of the journal's own `--signing-key`. A signing journal never
+    /// adopts, extends or folds a base nobody it trusts signed (a forged snapshot would
+    /// otherwise be carried on under its signature); `None` (neither given): anything.
+    pub fn keys(&self) -> Option<Arc<TrustedKeys>> {
+        match (&self.trusted, &self.signing_key) {
+            (Some(trusted), Some(key)) => Some(Arc::new(trusted.and(key.public_key()))),
+            (None, Some(key)) => Some(Arc::new(TrustedKeys::new([key.public_key()]))),
+            (trusted, None) => trusted.clone(),
         }
     }
 
@@ -278,8 +288,18 @@ async fn load_base(
     opts: &JournalOptions,
     current: Option<&SnapshotId>,
 ) -> Result<Option<(Chain, JournalState)>> {
-    // Any capture will do as a base: a restore judges the points of the chain itself.
-    let accept = Accept { inconsistent: true, same_cluster: true, trusted: opts.trusted.clone(), ..Accept::default() };
+    // Any capture will do as a base (a restore judges the points of the chain itself), if it
+    // is signed by a key the journal trusts and not dated ahead of this clock: segments chained
+    // to a base from the future would all be dated after it, later than anything they saw.
+    let keys = opts.keys();
+    let not_after = Timestamp::now() + CLOCK_SKEW_TOLERANCE;
+    let accept = Accept {
+        inconsistent: true,
+        same_cluster: true,
+        trusted: keys.clone(),
+        not_after: Some(not_after),
+        ..Accept::default()
+    };
     let loaded = match current {
         None => choose_snapshot(store, None, &accept).await?,
         Some(current) => match crate::store::choose_newer(store, current, &accept).await? {
@@ -295,7 +315,7 @@ async fn load_base(
     }
     let mut state = JournalState::at_point(records.iter());
     drop(records);
-    let read = store.read_chain(&id, manifest.created_at, opts.chain_keys.as_deref()).await?;
+    let read = store.read_chain(&id, manifest.created_at, keys.as_deref()).await?;
     for link in &read.links {
         state.apply(&link.records()?);
     }
@@ -412,8 +432,7 @@ async fn write_segment(
             warn!(base = %chain.base.snapshot_id, segment = chain.next, error = %e, "segment not written; its changes go into the next");
             // A header written whose answer was lost, or another writer: read the chain again.
             if matches!(&e, Error::Store { source: object_store::Error::AlreadyExists { .. }, .. }) {
-                match store.read_chain(&chain.base.snapshot_id, chain.base.created_at, opts.chain_keys.as_deref()).await
-                {
+                match store.read_chain(&chain.base.snapshot_id, chain.base.created_at, opts.keys().as_deref()).await {
                     Ok(read) => {
                         for link in read.links.iter().filter(|l| l.header.sequence >= chain.next) {
                             match link.records() {
@@ -491,7 +510,7 @@ async fn compact(store: &SnapshotStore, opts: &JournalOptions, chain: &Chain) ->
 
 async fn fold(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest) -> Result<Option<Manifest>> {
     let records = Records::decode(base, store.verified_payload(base).await?)?;
-    let read = store.read_chain(&base.snapshot_id, base.created_at, opts.chain_keys.as_deref()).await?;
+    let read = store.read_chain(&base.snapshot_id, base.created_at, opts.keys().as_deref()).await?;
     if let Some(stop) = read.stop_message(base.created_at) {
         return Err(Error::io("fold the journal", std::io::Error::other(stop)));
     }
@@ -590,7 +609,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::fixtures::{append_segment, record, ts, uuid, write_snapshot};
+    use crate::fixtures::{append_segment, append_signed_segment, record, ts, uuid, write_snapshot};
     use crate::format::{Record, tombstone};
     use crate::store::{Accept, choose_snapshot};
 
@@ -612,20 +631,32 @@ mod tests {
     /// last segment's `to` with its verdict; a restore uses it alone, with the same records as
     /// the old base at its chain's point. F107: a fold that dies after its payload and before
     /// its manifest leaves a folder that does not exist for readers: a restore goes to the old
-    /// base's point as before, nothing wrong looks complete.
+    /// base's point as before, nothing wrong looks complete. F130: a signing journal never
+    /// folds a chain its key did not sign.
     #[tokio::test]
     async fn a_chain_folds_into_a_signed_snapshot_and_a_fold_without_manifest_is_not_there() {
         let store = SnapshotStore::open("memory://", "c").unwrap();
         let mut base_records = vec![server("a", "Available"), server("b", "Available")];
-        let base = write_snapshot(&store, "2026-11-30T09:00:00Z", &base_records, true).await;
-        append_segment(&store, &base, &[server("a", "Reserved")], 5, true).await;
-        append_segment(&store, &base, &[tombstone(&server("b", "x")), server("c", "Initial")], 5, false).await;
-        base_records.clear();
         let key = Arc::new(SigningKey::generate());
+        let base = crate::fixtures::snapshot(&base_records)
+            .at(ts("2026-11-30T09:00:00Z"))
+            .signed_with(&key)
+            .write(&store)
+            .await;
         let opts = JournalOptions {
             signing_key: Some(key.clone()),
             ..JournalOptions::new(crate::domain::identity::Profile::metal_operator())
         };
+        // An unsigned segment (anyone who can write the bucket): not folded under the key.
+        append_segment(&store, &base, &[server("a", "Forged")], 5, true).await;
+        let err = fold(&store, &opts, &base).await.unwrap_err().to_string();
+        assert!(err.contains("not signed"), "{err}");
+        let one = store.segment_object_path(&base.snapshot_id, 1, crate::format::SEGMENT_HEADER_SUFFIX);
+        object_store::ObjectStoreExt::delete(store.object_store().as_ref(), &one).await.unwrap();
+        append_signed_segment(&store, &base, &[server("a", "Reserved")], 5, true, Some(&key)).await;
+        let last = [tombstone(&server("b", "x")), server("c", "Initial")];
+        append_signed_segment(&store, &base, &last, 5, false, Some(&key)).await;
+        base_records.clear();
         let folded = fold(&store, &opts, &base).await.unwrap().unwrap();
         assert_ne!(folded.snapshot_id, base.snapshot_id);
         assert_eq!(folded.created_at, ts("2026-11-30T09:00:10Z"));

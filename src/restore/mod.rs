@@ -358,6 +358,7 @@ async fn load(
         at: opts.at,
         refused: Default::default(),
         demands: opts.demands.clone(),
+        not_after: None,
     };
     let loaded = choose_snapshot(store, opts.snapshot.as_ref(), &accept).await?;
     let manifest = loaded.restore_manifest();

@@ -186,6 +186,9 @@ pub struct Accept {
     /// What a reader demands of the snapshots themselves (`--expect-source`,
     /// `--require-encryption`).
     pub demands: Demands,
+    /// Only snapshots whose manifest dates them (`createdAt`) at or before this (the journal:
+    /// now plus the clock-skew tolerance); a later one is passed over, named.
+    pub not_after: Option<Timestamp>,
 }
 
 /// Snapshots refused for what they hold (their manifest, signature, encryption or payload:
@@ -287,6 +290,12 @@ impl Accept {
         }
         if let Some(refused) = self.demands.refuses(manifest) {
             return Some(refused);
+        }
+        if let Some(limit) = self.not_after
+            && manifest.created_at > limit
+        {
+            let (snapshot, at) = (manifest.snapshot_id.to_string(), manifest.created_at.to_string());
+            return Some(Error::DatedAhead { snapshot, at });
         }
         if !manifest.is_consistent() && !self.inconsistent && !self.journal {
             let snapshot = manifest.snapshot_id.to_string();

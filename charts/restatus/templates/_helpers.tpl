@@ -109,7 +109,9 @@ topologySpreadConstraints:
 {{- end }}
 {{- end }}
 {{- $signs := and (has $roleName (list "backup" "source" "journal")) $.Values.signing.keySecret }}
-{{- $trusts := and (has $roleName (list "controller" "journal")) $.Values.signing.trustedKeysConfigMap }}
+{{- /* Every role judges snapshots by the trusted keys: the controller what it restores, the
+    journal its base, the backup and the source role what retention and preflight count. */}}
+{{- $trusts := $.Values.signing.trustedKeysConfigMap }}
 {{- $custom := include "restatus.customProfile" $ | fromJson }}
 {{- $encrypts := and (has $roleName (list "backup" "source" "journal")) $.Values.encryption.recipientsConfigMap }}
 {{- $decrypts := and (has $roleName (list "controller" "journal")) $.Values.encryption.decryptionKeySecret }}
@@ -169,12 +171,9 @@ volumes:
 {{- $role := index $.Values (index . 1) -}}
 {{- $custom := include "restatus.customProfile" $ | fromJson }}
 {{- $signs := and (has (index . 1) (list "backup" "source" "journal")) $.Values.signing.keySecret }}
-{{- $trusted := list }}
-{{- if has (index . 1) (list "controller" "journal") }}
-{{- $trusted = $.Values.signing.trustedKeys }}
+{{- $trusted := $.Values.signing.trustedKeys }}
 {{- if $.Values.signing.trustedKeysConfigMap }}
 {{- $trusted = append $trusted "/etc/restatus/trusted-keys" }}
-{{- end }}
 {{- end }}
 {{- $recipients := list }}
 {{- if has (index . 1) (list "backup" "source" "journal") }}
@@ -259,7 +258,7 @@ envFrom:
   - secretRef:
       name: {{ . }}
 {{- end }}
-{{- $trustsMount := and (has (index . 1) (list "controller" "journal")) $.Values.signing.trustedKeysConfigMap }}
+{{- $trustsMount := $.Values.signing.trustedKeysConfigMap }}
 {{- $recipientsMount := and (has (index . 1) (list "backup" "source" "journal")) $.Values.encryption.recipientsConfigMap }}
 {{- if or $spills $.Values.s3.caBundle.configMap $.Values.extraVolumeMounts $signs $trustsMount $custom $recipientsMount $decrypts }}
 volumeMounts:
