@@ -1024,3 +1024,77 @@ async fn a_signing_journal_never_takes_a_forged_or_future_snapshot_as_its_base()
     let moved = log_of(&log);
     assert!(moved.contains(&format!("new={}", folded[0])), "it moved to its fold: {moved}");
 }
+
+/// A ServiceAccount `name` in namespace restatus, bound to a ClusterRole that may get, list and
+/// watch the metal-operator kinds of `resources` only; a kubeconfig with its token. Applied
+/// again with other resources, the role changes.
+fn account_watching(bed: &Bed, name: &str, resources: &[&str]) -> PathBuf {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: restatus}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: restatus}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: {name}}}\n\
+         rules: [{{apiGroups: [metal.ironcore.dev], resources: [{}], verbs: [get, list, watch]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: {name}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}\n\
+         subjects: [{{kind: ServiceAccount, name: {name}, namespace: restatus}}]\n",
+        resources.join(", ")
+    );
+    let file = bed.scratch.path().join(format!("{name}.yaml"));
+    std::fs::write(&file, yaml).unwrap();
+    assert_success(&bed.kubectl(&bed.source_kubeconfig, &["apply", "-f", file.to_str().unwrap()]), "apply account");
+    let token = bed.kubectl(&bed.source_kubeconfig, &["-n", "restatus", "create", "token", name]);
+    assert_success(&token, "create token");
+    bed.kubeconfig_with_token(&bed.source_kubeconfig, name, stdout(&token).trim())
+}
+
+/// Issue 38 item 11 (F134): one kind's watch sees nothing (its watch forbidden: the BMCs, as a
+/// journal whose role lost a kind). A Server's change is journaled, but its segment claims no
+/// time after the base's capture, the last time anything was known of the BMCs (before: `to`
+/// was the wall clock at the cut, so a restore took any live BMC status written before it for
+/// older than the base's record). Once the BMCs may be watched again the journal lists them
+/// (its log says so) and the next segment's `to` is the time of its cut again.
+#[tokio::test]
+async fn a_kind_whose_watch_sees_nothing_holds_the_segments_time_back() {
+    let bed = Bed::get();
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-to", 2, 2, 1).await;
+    let base = backup(&bed, &storage, &cluster, &selector, &[]);
+    let store = bed.store(&storage, &cluster);
+    let (base_manifest, base_records) = records_of(&store, &base).await;
+    let name = unique("journal-no-bmcs");
+    let others = ["servers", "serverclaims", "endpoints", "servermaintenances", "serverbootconfigurations"];
+    let kubeconfig = account_watching(&bed, &name, &others);
+    let (mut journal, log) =
+        start_journal_as(&bed, &kubeconfig, &storage, &cluster, &selector, &["--journal-interval", "1s"]);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    assert!(log_of(&log).contains("kind cannot be watched"), "{}", log_of(&log));
+
+    let server = spec.server_name(0);
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
+    for link in &chain.links {
+        let header = &link.header;
+        assert_eq!(
+            (header.from, header.to),
+            (base_manifest.created_at, base_manifest.created_at),
+            "segment {} claims a time the BMCs' watch never saw",
+            header.sequence
+        );
+    }
+
+    // The BMCs may be watched again: listed (within the watch's backoff, at most 30 s), then
+    // the segments' time is the cut's again.
+    let mut all = others.to_vec();
+    all.push("bmcs");
+    account_watching(&bed, &name, &all);
+    wait_log(&log, "kind watched again", 1, Duration::from_secs(60)).await;
+    let watched = jiff::Timestamp::now();
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Off"})).await;
+    let off = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Off";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), off).await;
+    stop(&mut journal, &log).await;
+    let last = &chain.links.last().unwrap().header;
+    assert!(last.to >= watched, "{} is before the BMCs were watched again ({watched})", last.to);
+    assert_success(&bed.kubectl(&bed.source_kubeconfig, &["delete", "clusterrolebinding", &name]), "clean up");
+    assert_success(&bed.kubectl(&bed.source_kubeconfig, &["delete", "clusterrole", &name]), "clean up");
+}

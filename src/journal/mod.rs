@@ -63,6 +63,9 @@ pub struct JournalOptions {
     pub max_segments: u64,
 }
 
+/// The longest wait before a broken watch starts again (with a listing).
+const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(30);
+
 /// The default `--max-segments`: an hour of segments at the default 5 s interval.
 pub const DEFAULT_MAX_SEGMENTS: u64 = 720;
 
@@ -126,7 +129,17 @@ struct Chain {
 /// What a watch tells the loop: the kind (its index) and the event, with when it arrived.
 enum Seen {
     Event(usize, Box<WatchEvent<RawResource>>, Instant),
-    Unavailable(usize, String),
+    /// The kind cannot be watched (forbidden, not served; `first`: since it last listed), as
+    /// the API server said at that time.
+    Unavailable {
+        index: usize,
+        reason: String,
+        not_served: bool,
+        first: bool,
+        at: Timestamp,
+    },
+    /// The watch broke at that time (an error it is listed again after).
+    Broken(usize, Timestamp),
 }
 
 /// Runs the journal until `stop` completes; then writes a final segment of what is pending.
@@ -347,30 +360,59 @@ fn start_watches(
     for (index, kind) in kinds.iter().enumerate() {
         let (client, kind, tx, selector) = (client.clone(), kind.clone(), tx.clone(), opts.selector.clone());
         let metrics = metrics.clone();
+        let retry_not_served = opts.interval.clamp(Duration::from_secs(1), MAX_WATCH_BACKOFF);
         set.spawn(async move {
             let request = WatchRequest { namespace: None, selector: selector.as_deref(), page_size: 100 };
-            let mut events = watch_objects(&client, &kind, &request);
+            // After any error the watch starts again with a listing: until that listing is done
+            // the kind counts as seen up to the error only (a segment's `to` waits for it), and
+            // a watcher resumed without a listing would never say when it has caught up.
+            let mut backoff = Duration::from_secs(1);
             let mut unavailable = false;
             loop {
-                let seen = match events.try_next().await {
-                    Ok(Some(event)) => Seen::Event(index, Box::new(event), Instant::now()),
-                    Ok(None) => return,
-                    Err(e) => match unavailable_reason(&e) {
-                        Some(reason) if !unavailable => {
-                            unavailable = true;
-                            Seen::Unavailable(index, reason)
+                let mut events = watch_objects(&client, &kind, &request);
+                let retry = loop {
+                    let seen = match events.try_next().await {
+                        Ok(Some(event)) => {
+                            if matches!(event, WatchEvent::InitDone) {
+                                backoff = Duration::from_secs(1);
+                                if std::mem::take(&mut unavailable) {
+                                    info!(kind = kind.kind, "kind watched again: listed, journaled from now on");
+                                }
+                            }
+                            Seen::Event(index, Box::new(event), Instant::now())
                         }
-                        Some(_) => continue,
-                        None => {
-                            metrics.error(JournalError::Watch);
-                            warn!(kind = kind.kind, error = %e, "watch interrupted; resumed after a backoff (listed again if its resourceVersion expired)");
-                            continue;
+                        Ok(None) => return,
+                        Err(e) => {
+                            let at = Timestamp::now();
+                            let seen = match unavailable_reason(&e) {
+                                Some(reason) => {
+                                    let first = !std::mem::replace(&mut unavailable, true);
+                                    let not_served = reason.contains("not served");
+                                    Seen::Unavailable { index, reason, not_served, first, at }
+                                }
+                                None => {
+                                    metrics.error(JournalError::Watch);
+                                    warn!(kind = kind.kind, error = %e, "watch interrupted; listed again after a backoff");
+                                    Seen::Broken(index, at)
+                                }
+                            };
+                            let retry = match &seen {
+                                Seen::Unavailable { not_served: true, .. } => retry_not_served,
+                                _ => backoff,
+                            };
+                            if tx.send(seen).await.is_err() {
+                                return;
+                            }
+                            break retry;
                         }
-                    },
+                    };
+                    if tx.send(seen).await.is_err() {
+                        return;
+                    }
                 };
-                if tx.send(seen).await.is_err() {
-                    return;
-                }
+                drop(events);
+                tokio::time::sleep(retry).await;
+                backoff = (backoff * 2).min(MAX_WATCH_BACKOFF);
             }
         });
     }
@@ -379,9 +421,24 @@ fn start_watches(
 
 fn observe(state: &mut JournalState, kinds: &[KindProfile], seen: Seen) {
     let (index, event, at) = match seen {
-        Seen::Unavailable(index, reason) => {
-            warn!(kind = kinds[index].kind, reason, "kind cannot be watched; journaled without it");
-            state.unavailable(&kinds[index]);
+        Seen::Unavailable { index, reason, not_served, first, at } => {
+            let kind = &kinds[index];
+            if first {
+                warn!(
+                    kind = kind.kind,
+                    reason,
+                    "kind cannot be watched; journaled without it, and no segment claims a time after it was last seen"
+                );
+            }
+            match not_served {
+                true => state.not_served(kind, at),
+                false => state.watch_broken(kind, at),
+            }
+            state.unavailable(kind);
+            return;
+        }
+        Seen::Broken(index, at) => {
+            state.watch_broken(&kinds[index], at);
             return;
         }
         Seen::Event(index, event, at) => (index, event, at),
@@ -421,7 +478,11 @@ async fn write_segment(
         return 0;
     }
     let Some(cut) = state.cut() else { return 0 };
-    match put(store, opts, chain, &cut).await {
+    // Never later than what every kind's watch has seen: a restore takes a live status written
+    // before `to` for one the segment knows to be older.
+    let (seen, held_by) = state.seen_until(&opts.kinds(), Timestamp::now());
+    let to = seen.map_or(chain.point, |seen| seen.max(chain.point));
+    match put(store, opts, chain, &cut, to, held_by).await {
         Ok(bytes) => {
             state.written(&cut);
             metrics.written(bytes, cut.lags(Instant::now()), chain.point, chain.next.saturating_sub(1));
@@ -457,11 +518,18 @@ async fn write_segment(
     }
 }
 
-/// Writes the cut as the chain's next segment; the bytes written (records and header).
-async fn put(store: &SnapshotStore, opts: &JournalOptions, chain: &mut Chain, cut: &Cut) -> Result<u64> {
+/// Writes the cut as the chain's next segment, bringing a restore to `to` (held there by
+/// `held_by`'s watch, if one holds it back); the bytes written (records and header).
+async fn put(
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    chain: &mut Chain,
+    cut: &Cut,
+    to: Timestamp,
+    held_by: Option<String>,
+) -> Result<u64> {
     let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, opts.recipients.as_deref(), &cut.records)
         .map_err(|e| Error::io("encode a segment", e))?;
-    let to = Timestamp::now().max(chain.point);
     let mut header = SegmentHeader::new(
         store.cluster_id(),
         &chain.base.snapshot_id,
@@ -477,7 +545,7 @@ async fn put(store: &SnapshotStore, opts: &JournalOptions, chain: &mut Chain, cu
     let size = bytes.len();
     let stored = store.put_segment(&mut header, bytes, opts.signing_key.as_deref()).await?;
     info!(base = %chain.base.snapshot_id, segment = chain.next, changed = cut.changed, deleted = cut.deleted,
-        bytes = size, consistent = cut.consistency.consistent, to = %to, "journal segment written");
+        bytes = size, consistent = cut.consistency.consistent, to = %to, held_by, "journal segment written");
     chain.previous = Some(sha256_hex(&stored));
     chain.next += 1;
     chain.point = to;

@@ -86,6 +86,19 @@ pub struct JournalState {
     /// The oldest of `since`, kept as changes come (`None`: none, or not known since the
     /// oldest one was removed: looked up again when asked).
     oldest: Option<Instant>,
+    /// Per group-qualified kind: how far its watch has seen (absent: not since the watches
+    /// (re)started). A segment's `to` is never later than the earliest of them.
+    watched: HashMap<String, Watched>,
+}
+
+/// How far a kind's watch has seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watched {
+    /// Listed, and watching since: every change up to now is delivered.
+    Current,
+    /// Up to this time only: its watch broke then (an error, forbidden), or, for a kind the API
+    /// server does not serve, the last time it said so.
+    Until(jiff::Timestamp),
 }
 
 /// The next segment's content.
@@ -146,6 +159,7 @@ impl JournalState {
     /// Forgets the live side (pending changes, listings, views): the watches start again and
     /// list every object, which is diffed against the chain.
     pub fn restart_watches(&mut self) {
+        self.watched.clear();
         self.pending.clear();
         self.since.clear();
         self.oldest = None;
@@ -164,6 +178,56 @@ impl JournalState {
     /// A kind that cannot be watched (not served, forbidden) counts as listed, empty.
     pub fn unavailable(&mut self, kind: &KindProfile) {
         self.listed.insert(kind.qualified_kind());
+    }
+
+    /// `kind`'s watch broke `at` (an error, forbidden): it has seen nothing after `at` until it
+    /// lists again. A kind not seen since the watches started stays unseen.
+    pub fn watch_broken(&mut self, kind: &KindProfile, at: jiff::Timestamp) {
+        if let Some(watched) = self.watched.get_mut(&kind.qualified_kind())
+            && *watched == Watched::Current
+        {
+            *watched = Watched::Until(at);
+        }
+    }
+
+    /// The API server said `at` that it does not serve `kind`: none of its objects exists then.
+    pub fn not_served(&mut self, kind: &KindProfile, at: jiff::Timestamp) {
+        let watched = self.watched.entry(kind.qualified_kind()).or_insert(Watched::Until(at));
+        if let Watched::Until(seen) = watched {
+            *seen = (*seen).max(at);
+        } else {
+            *watched = Watched::Until(at);
+        }
+    }
+
+    /// How far `kind`'s watch has seen; `None`: nothing since the watches (re)started.
+    pub fn watched(&self, kind: &KindProfile) -> Option<Watched> {
+        self.watched.get(&kind.qualified_kind()).copied()
+    }
+
+    /// The latest time a segment cut `now` may claim to bring a restore to: the earliest time
+    /// up to which every one of `kinds` was watched (`now` for those watching now), and the kind
+    /// that holds it there. `None` when a kind was not seen at all since the watches started:
+    /// then nothing later than the chain's point is known of it.
+    pub fn seen_until<'a>(
+        &self,
+        kinds: impl IntoIterator<Item = &'a KindProfile>,
+        now: jiff::Timestamp,
+    ) -> (Option<jiff::Timestamp>, Option<String>) {
+        let mut until = now;
+        let mut held = None;
+        for kind in kinds {
+            match self.watched(kind) {
+                None => return (None, Some(kind.qualified_kind())),
+                Some(Watched::Current) => {}
+                Some(Watched::Until(at)) if at < until => {
+                    until = at;
+                    held = Some(kind.qualified_kind());
+                }
+                Some(Watched::Until(_)) => {}
+            }
+        }
+        (Some(until), held)
     }
 
     /// A (re-)list of `kind` begins.
@@ -251,6 +315,7 @@ impl JournalState {
             let (namespace, name) = split_key(&key, &prefix);
             self.deleted_at(kind, namespace.as_deref(), &name, None, at);
         }
+        self.watched.insert(qualified.clone(), Watched::Current);
         self.listed.insert(qualified);
     }
 
@@ -623,6 +688,45 @@ mod tests {
         assert_eq!(state.oldest_unwritten(), Some(at(50)));
         state.restart_watches();
         assert_eq!(state.lag(at(60)), Duration::ZERO);
+    }
+
+    /// F134: how far a segment may claim to bring a restore: the earliest time every kind's
+    /// watch has seen. Not seen since the watches started: nothing (the chain's point); listed
+    /// and watching: now; broken (an error, forbidden): the moment it broke, whatever comes
+    /// after, until it lists again; not served: the last time the API server said so.
+    #[test]
+    fn a_segment_claims_no_time_after_what_every_kind_has_seen() {
+        let profile = profile();
+        let (servers, claims) = (profile.kind("Server").unwrap(), profile.kind("ServerClaim").unwrap());
+        let kinds = [servers, claims];
+        let t = |s: &str| crate::fixtures::ts(s);
+        let now = t("2026-11-30T10:00:00Z");
+        let mut state = JournalState::default();
+        state.list_started(servers);
+        state.list_done(servers);
+        assert_eq!(state.seen_until(kinds, now), (None, Some(claims.qualified_kind())), "claims never seen");
+        state.list_started(claims);
+        state.list_done(claims);
+        assert_eq!(state.seen_until(kinds, now), (Some(now), None));
+        // The claims' watch breaks (forbidden at a restart of its watch): held at that time,
+        // later errors do not move it.
+        state.watch_broken(claims, t("2026-11-30T09:58:00Z"));
+        state.watch_broken(claims, t("2026-11-30T09:59:00Z"));
+        let held = (Some(t("2026-11-30T09:58:00Z")), Some(claims.qualified_kind()));
+        assert_eq!(state.seen_until(kinds, now), held);
+        assert_eq!(state.seen_until(kinds, t("2026-11-30T11:00:00Z")), held, "an hour later, still");
+        // Listed again: watching, now.
+        state.list_started(claims);
+        state.list_done(claims);
+        assert_eq!(state.seen_until(kinds, now), (Some(now), None));
+        // Not served: seen empty each time the API server says so.
+        state.not_served(claims, t("2026-11-30T09:59:30Z"));
+        state.not_served(claims, t("2026-11-30T09:59:50Z"));
+        assert_eq!(state.seen_until(kinds, now), (Some(t("2026-11-30T09:59:50Z")), Some(claims.qualified_kind())));
+        // A kind that broke before it was ever seen stays unseen.
+        let mut fresh = JournalState::default();
+        fresh.watch_broken(servers, now);
+        assert_eq!(fresh.watched(servers), None);
     }
 
     #[test]
