@@ -1098,3 +1098,118 @@ async fn a_kind_whose_watch_sees_nothing_holds_the_segments_time_back() {
     assert_success(&bed.kubectl(&bed.source_kubeconfig, &["delete", "clusterrolebinding", &name]), "clean up");
     assert_success(&bed.kubectl(&bed.source_kubeconfig, &["delete", "clusterrole", &name]), "clean up");
 }
+
+/// The store of `storage`/`cluster` that decrypts with the age key in `agekey`.
+fn decrypting_store(bed: &Bed, storage: &str, cluster: &str, agekey: &str) -> SnapshotStore {
+    let keys = restatus::format::DecryptionKeys::load(&[PathBuf::from(agekey)]).unwrap().map(std::sync::Arc::new);
+    bed.store(storage, cluster).with_decryption_keys(keys)
+}
+
+/// Whether the stored bytes of `path` hold `name` in clear.
+async fn readable_in_bucket(store: &SnapshotStore, path: &object_store::path::Path, name: &str) -> bool {
+    let stored = object_store::ObjectStoreExt::get(store.object_store().as_ref(), path).await.unwrap();
+    let stored = stored.bytes().await.unwrap();
+    stored.windows(name.len()).any(|w| w == name.as_bytes())
+}
+
+/// Issue 38 item 2 (F132): the backups are encrypted; the journal reads its base with
+/// `--decryption-key` and is given no `--encrypt-to` (before: every changed status went to the
+/// bucket in clear, and its fold wrote the whole decrypted fleet as a plain snapshot). Its
+/// segments and its fold (`--max-segments 2`) are encrypted to the base's recipient: no object
+/// name readable in the bucket.
+#[tokio::test]
+async fn a_journal_without_recipients_encrypts_to_its_encrypted_base() {
+    let bed = Bed::get();
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-inherit", 2, 2, 1).await;
+    let (agekey, _, recipient) = generate_age_keys(&bed, &unique("journal-inherit"));
+    let agekey = agekey.display().to_string();
+    let base = backup(&bed, &storage, &cluster, &selector, &["--encrypt-to", &recipient]);
+    let args = ["--journal-interval", "1s", "--max-segments", "2", "--decryption-key", &agekey];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+    let store = decrypting_store(&bed, &storage, &cluster, &agekey);
+    let (_, base_records) = records_of(&store, &base).await;
+    let (one, two) = (spec.server_name(0), spec.server_name(1));
+    patch_status(&source, "Server", None, &one, json!({"indicatorLED": "Blinking"})).await;
+    let blinking = |s: &[(String, Value)]| status_of(s, &one)["indicatorLED"] == "Blinking";
+    let chain = wait_point(&store, &base, &base_records, Duration::from_secs(30), blinking).await;
+    patch_status(&source, "Server", None, &two, json!({"indicatorLED": "Lit"})).await;
+    wait_log(&log, "journal chain folded into a new base snapshot", 1, Duration::from_secs(30)).await;
+    stop(&mut journal, &log).await;
+
+    let header = &chain.links[0].header;
+    let to = header.encryption.as_ref().map(|e| e.recipients.clone());
+    assert_eq!(to, Some(vec![recipient.clone()]), "segment 1 encrypted to the base's recipient");
+    let path = store.segment_object_path(&base, 1, SEGMENT_PAYLOAD_SUFFIX);
+    assert!(!readable_in_bucket(&store, &path, &one).await, "an object name readable in segment 1");
+    let folded = other_snapshots(&store, &[&base]).await;
+    assert_eq!(folded.len(), 1, "{folded:?}");
+    let manifest = store.manifest(&folded[0]).await.unwrap();
+    let to = manifest.encryption.as_ref().map(|e| e.recipients.clone());
+    assert_eq!(to, Some(vec![recipient.clone()]), "the fold encrypted to the base's recipient");
+    assert!(!readable_in_bucket(&store, &store.payload_path(&folded[0]), &one).await, "the fold in clear");
+    let (_, records) = records(&store, folded[0].as_str()).await;
+    assert!(records.iter().any(|r| r.name == two && r.status.get().contains("Lit")), "the fold holds the chain");
+}
+
+/// Issue 38 item 2 (F133): the backups switch to encryption while the journal runs, and the
+/// journal, on the source, holds no private age key and was not reconfigured (before: it
+/// passed the encrypted snapshot over and stayed on the last plain base, writing in clear,
+/// forever, with no alert). It captures a base of its own, encrypted to the new snapshot's
+/// recipient (read from its manifest), says so, and chains its segments, encrypted, to it; a
+/// restore with the key goes to that base's newest point. At `--max-segments 2` it cannot fold
+/// what it cannot read: it captures again.
+#[tokio::test]
+async fn backups_switched_to_encryption_move_the_journal_to_an_encrypted_base_of_its_own() {
+    let bed = Bed::get();
+    let Fleet { spec, source, storage, cluster, selector } = Fleet::on_source(&bed, "jrn-own", 2, 2, 1).await;
+    let (agekey, _, recipient) = generate_age_keys(&bed, &unique("journal-own"));
+    let agekey = agekey.display().to_string();
+    let plain = backup(&bed, &storage, &cluster, &selector, &[]);
+    let args = ["--journal-interval", "1s", "--base-refresh", "1s", "--max-segments", "2"];
+    let (mut journal, log) = start_journal_with(&bed, &storage, &cluster, &selector, &args);
+    wait_log(&log, "every kind listed", 1, Duration::from_secs(60)).await;
+
+    let encrypted = backup(&bed, &storage, &cluster, &selector, &["--encrypt-to", &recipient]);
+    wait_log(&log, "journal chained to a base of its own capture", 1, Duration::from_secs(60)).await;
+    assert!(log_of(&log).contains("the newest snapshot is encrypted and this journal holds no key"));
+    let store = decrypting_store(&bed, &storage, &cluster, &agekey);
+    let own = other_snapshots(&store, &[&plain, &encrypted]).await;
+    assert_eq!(own.len(), 1, "{own:?}");
+    let own = own[0].clone();
+    let (manifest, own_records) = records_of(&store, &own).await;
+    assert_eq!(manifest.encryption.as_ref().map(|e| e.recipients.clone()), Some(vec![recipient.clone()]));
+    assert_eq!(own_records.len(), spec.total(), "the whole fleet");
+    let server = spec.server_name(0);
+    assert!(!readable_in_bucket(&store, &store.payload_path(&own), &server).await, "its base in clear");
+
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Blinking"})).await;
+    let blinking = |s: &[(String, Value)]| status_of(s, &server)["indicatorLED"] == "Blinking";
+    let chain = wait_point(&store, &own, &own_records, Duration::from_secs(30), blinking).await;
+    assert!(chain.links.iter().all(|l| l.header.encryption.is_some()), "every segment encrypted");
+    assert!(store.list_segments(&plain).await.unwrap().is_empty(), "nothing written in clear on the plain base");
+    let out = bed.restatus(
+        &storage,
+        &cluster,
+        &[
+            "restore",
+            "--dry-run",
+            "--allow-same-cluster",
+            "--selector",
+            &selector,
+            "--decryption-key",
+            &agekey,
+            "-o",
+            "json",
+        ],
+    );
+    assert_success(&out, "restore --dry-run");
+    let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["restoredTo"]["base"], own.as_str(), "{}", report["restoredTo"]);
+
+    // Two segments: a new capture instead of a fold it cannot read.
+    patch_status(&source, "Server", None, &server, json!({"indicatorLED": "Off"})).await;
+    wait_log(&log, "journal chained to a base of its own capture", 2, Duration::from_secs(30)).await;
+    stop(&mut journal, &log).await;
+    assert!(!log_of(&log).contains("cannot fold"), "{}", log_of(&log));
+}

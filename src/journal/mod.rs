@@ -11,6 +11,7 @@
 //! every object whose live status differs from the new base's record. On a stop (SIGTERM),
 //! a final segment of what is pending. What it did and its lag: [`metrics::JournalMetrics`].
 
+mod capture;
 pub mod metrics;
 pub mod state;
 
@@ -124,6 +125,9 @@ struct Chain {
     broken: Option<String>,
     /// [`restart`] was tried on this chain (once: a failure waits for a newer base).
     restarted: bool,
+    /// What its segments and its fold are encrypted to: the journal's `--encrypt-to` and, when
+    /// the base is encrypted, the base's recipients (nothing written is clearer than the base).
+    recipients: Option<Arc<Recipients>>,
 }
 
 /// What a watch tells the loop: the kind (its index) and the event, with when it arrived.
@@ -154,7 +158,7 @@ pub async fn run(
     let metrics = opts.metrics.clone().unwrap_or_else(|| Arc::new(JournalMetrics::new(store.cluster_id())));
     let mut summary = JournalSummary::default();
     let first = tokio::select! {
-        first = wait_for_base(store, opts) => Some(first?),
+        first = wait_for_base(client, store, opts) => Some(first?),
         _ = &mut stop => None,
     };
     let Some((mut chain, mut state)) = first else {
@@ -172,6 +176,9 @@ pub async fn run(
     base_tick.tick().await;
     // The base whose chain was folded last: folded once, whatever happens next.
     let mut folded: Option<SnapshotId> = None;
+    // A base of the journal's own capture that replaces a chain it cannot fold (an encrypted
+    // base it cannot read), taken up at the next base tick, now.
+    let mut captured: Option<(Chain, JournalState)> = None;
     loop {
         tokio::select! {
             _ = &mut stop => break,
@@ -200,15 +207,22 @@ pub async fn run(
                     }
                 }
                 let due = chain.next > opts.max_segments && chain.broken.is_none();
-                if due && folded.as_ref() != Some(&chain.base.snapshot_id) && compact(store, opts, &chain).await
-                {
-                    // The new base is taken up as any newer snapshot is, now.
-                    folded = Some(chain.base.snapshot_id.clone());
-                    base_tick.reset_immediately();
+                if due && folded.as_ref() != Some(&chain.base.snapshot_id) {
+                    let compacted = compact(client, store, opts, &chain).await;
+                    if compacted.is_some() {
+                        // The new base is taken up as any newer snapshot is, now.
+                        folded = Some(chain.base.snapshot_id.clone());
+                        captured = compacted.flatten();
+                        base_tick.reset_immediately();
+                    }
                 }
             }
             _ = base_tick.tick() => {
-                let Some(newer) = newer_base(store, opts, &metrics, &chain.base.snapshot_id).await else { continue };
+                let newer = match captured.take() {
+                    Some(own) => Some(own),
+                    None => newer_base(client, store, opts, &metrics, &chain.base.snapshot_id).await,
+                };
+                let Some(newer) = newer else { continue };
                 // The old chain first: what is pending belongs to it.
                 if state.all_listed(&kinds) {
                     summary.segments += write_segment(store, opts, &metrics, &mut chain, &mut state).await;
@@ -238,10 +252,14 @@ pub async fn run(
 
 /// The newest complete snapshot that verifies, its records and its chain as the journal's
 /// state; waits for one (polling every interval, logged) up to `base_wait`.
-async fn wait_for_base(store: &SnapshotStore, opts: &JournalOptions) -> Result<(Chain, JournalState)> {
+async fn wait_for_base(
+    client: &kube::Client,
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+) -> Result<(Chain, JournalState)> {
     let deadline = tokio::time::Instant::now() + opts.base_wait;
     loop {
-        match load_base(store, opts, None).await {
+        match load_base(client, store, opts, None).await {
             Ok(Some(loaded)) => return Ok(loaded),
             Ok(None) => unreachable!("no current base: a base or an error"),
             Err(e @ (Error::NoSnapshot { .. } | Error::NoGoodSnapshot { .. })) => {
@@ -258,12 +276,13 @@ async fn wait_for_base(store: &SnapshotStore, opts: &JournalOptions) -> Result<(
 
 /// A newer base than `current`, loaded, or `None` (none, or it cannot be read: logged).
 async fn newer_base(
+    client: &kube::Client,
     store: &SnapshotStore,
     opts: &JournalOptions,
     metrics: &JournalMetrics,
     current: &SnapshotId,
 ) -> Option<(Chain, JournalState)> {
-    match load_base(store, opts, Some(current)).await {
+    match load_base(client, store, opts, Some(current)).await {
         Ok(newer) => newer,
         Err(e) => {
             metrics.error(JournalError::Base);
@@ -295,8 +314,12 @@ fn report(metrics: &JournalMetrics, chain: &Chain, state: &mut JournalState, kin
     metrics.ready(not_ready);
 }
 
-/// Loads the newest good snapshot (unless it is `current`: `None`) and its chain.
+/// Loads the newest good snapshot (unless it is `current`: `None`) and its chain. When that
+/// snapshot is encrypted and the journal holds no key to read it, a base of its own capture,
+/// encrypted to the same recipients, takes its place ([`capture::capture_base`]): the journal
+/// never stays on an older, clearer base, and never needs the private key.
 async fn load_base(
+    client: &kube::Client,
     store: &SnapshotStore,
     opts: &JournalOptions,
     current: Option<&SnapshotId>,
@@ -313,6 +336,11 @@ async fn load_base(
         not_after: Some(not_after),
         ..Accept::default()
     };
+    if !store.decrypts()
+        && let Some(newest) = unreadable_newest(store, &accept, current).await?
+    {
+        return own_base(client, store, opts, &newest).await.map(Some);
+    }
     let loaded = match current {
         None => choose_snapshot(store, None, &accept).await?,
         Some(current) => match crate::store::choose_newer(store, current, &accept).await? {
@@ -340,12 +368,79 @@ async fn load_base(
         next: read.next_sequence(),
         previous: read.last_sha256(),
         point: read.links.last().map_or(manifest.created_at, |l| l.header.to),
+        recipients: chain_recipients(opts, &manifest)?,
         base: manifest,
         broken,
         restarted: false,
     };
-    info!(base = %id, objects = state.objects(), resumes_at = chain.next, "journal chained to its base");
+    info!(base = %id, objects = state.objects(), resumes_at = chain.next,
+        encrypted_to = ?chain.recipients.as_ref().map(|r| r.to_strings()), "journal chained to its base");
     Ok(Some((chain, state)))
+}
+
+/// The journal's `--encrypt-to` and, when `base` is encrypted, its recipients.
+fn chain_recipients(opts: &JournalOptions, base: &Manifest) -> Result<Option<Arc<Recipients>>> {
+    let Some(encryption) = &base.encryption else { return Ok(opts.recipients.clone()) };
+    let mut all = encryption.recipients.clone();
+    all.extend(opts.recipients.iter().flat_map(|r| r.to_strings()));
+    Ok(Recipients::load(&all)?.map(Arc::new))
+}
+
+/// The newest snapshot the journal would take as its base (after `current`: `None` when that
+/// is the newest), when it is encrypted: this journal has no key to read it. `None` when the
+/// newest such snapshot is plain (it is loaded as usual).
+async fn unreadable_newest(
+    store: &SnapshotStore,
+    accept: &Accept,
+    current: Option<&SnapshotId>,
+) -> Result<Option<Manifest>> {
+    for entry in store.list().await?.into_iter().rev().filter(|e| e.complete) {
+        if Some(&entry.id) == current {
+            return Ok(None);
+        }
+        match store.verified_manifest(&entry.id, accept.trusted.as_deref()).await {
+            Ok((manifest, _)) if accept.not_after.is_some_and(|limit| manifest.created_at > limit) => continue,
+            Ok((manifest, _)) => return Ok(manifest.encryption.is_some().then_some(manifest)),
+            Err(e @ (Error::Store { .. } | Error::Io { .. })) => return Err(e),
+            // Refused (unsigned, corrupt…): the choice passes it over, and says so.
+            Err(_) => continue,
+        }
+    }
+    Ok(None)
+}
+
+/// A new chain on a base of the journal's own capture, encrypted to `like`'s recipients and
+/// its own.
+async fn own_base(
+    client: &kube::Client,
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    like: &Manifest,
+) -> Result<(Chain, JournalState)> {
+    let recipients = chain_recipients(opts, like)?
+        .ok_or_else(|| Error::io("capture a base", std::io::Error::other("no recipient")))?;
+    warn!(snapshot = %like.snapshot_id, recipients = %recipients.to_strings().join(","),
+        "the newest snapshot is encrypted and this journal holds no key to read it: it captures a base of its own, encrypted to the same recipients");
+    let capture = capture::Capture {
+        profile: &opts.profile,
+        selector: opts.selector.as_deref(),
+        zstd_level: opts.zstd_level,
+        signing_key: opts.signing_key.as_deref(),
+    };
+    let (manifest, records) = capture::capture_base(client, store, &capture, like, &recipients).await?;
+    let state = JournalState::at_point(records.iter());
+    drop(records);
+    info!(base = %manifest.snapshot_id, objects = state.objects(), records = manifest.payload.records,
+        "journal chained to a base of its own capture");
+    let chain = Chain {
+        next: 1,
+        previous: None,
+        point: manifest.created_at,
+        recipients: Some(recipients),
+        base: manifest,
+        broken: None,
+    };
+    Ok((chain, state))
 }
 
 /// One watch task per kind, into one channel.
@@ -528,7 +623,7 @@ async fn put(
     to: Timestamp,
     held_by: Option<String>,
 ) -> Result<u64> {
-    let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, opts.recipients.as_deref(), &cut.records)
+    let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, chain.recipients.as_deref(), &cut.records)
         .map_err(|e| Error::io("encode a segment", e))?;
     let mut header = SegmentHeader::new(
         store.cluster_id(),
@@ -555,28 +650,49 @@ async fn put(
 /// Compaction: the chain, `max_segments` long, folded into a new base snapshot (see
 /// [`crate::format::fold`]): the base's records read back from the store with every segment
 /// of its chain applied, written as any snapshot is (payload first, manifest last,
-/// create-only; signed and encrypted with the journal's keys) with the point's time as its
-/// capture time, the last segment's verdict, and the base's `capturedFrom`. True when written
-/// (the loop then moves to it as to any newer snapshot); a failure is logged and the chain
-/// goes on (the next cut tries again).
-async fn compact(store: &SnapshotStore, opts: &JournalOptions, chain: &Chain) -> bool {
+/// create-only; signed with the journal's key, encrypted as its segments are) with the point's
+/// time as its capture time, the last segment's verdict, and the base's `capturedFrom`. A base
+/// the journal cannot read (encrypted, no key) is not folded: a base of its own capture takes
+/// the chain's place. `Some` when written (the loop then moves to it, with `Some` chain when it
+/// is the journal's own capture); a failure is logged and the chain goes on (the next cut tries
+/// again).
+async fn compact(
+    client: &kube::Client,
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    chain: &Chain,
+) -> Option<Option<(Chain, JournalState)>> {
     let base = &chain.base;
-    match fold(store, opts, base).await {
+    if base.encryption.is_some() && !store.decrypts() {
+        return match own_base(client, store, opts, base).await {
+            Ok(own) => Some(Some(own)),
+            Err(e) => {
+                warn!(base = %base.snapshot_id, error = %e, "cannot capture a new base for the journal chain; the chain goes on");
+                None
+            }
+        };
+    }
+    match fold(store, opts, base, chain.recipients.as_deref()).await {
         Ok(Some(manifest)) => {
             info!(base = %base.snapshot_id, new_base = %manifest.snapshot_id, segments = chain.next - 1,
                 records = manifest.payload.records, at = %manifest.created_at,
-                "journal chain folded into a new base snapshot");
-            true
+                encrypted = manifest.encryption.is_some(), "journal chain folded into a new base snapshot");
+            Some(None)
         }
-        Ok(None) => false,
+        Ok(None) => None,
         Err(e) => {
             warn!(base = %base.snapshot_id, error = %e, "cannot fold the journal chain into a new base; the chain goes on");
-            false
+            None
         }
     }
 }
 
-async fn fold(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest) -> Result<Option<Manifest>> {
+async fn fold(
+    store: &SnapshotStore,
+    opts: &JournalOptions,
+    base: &Manifest,
+    recipients: Option<&Recipients>,
+) -> Result<Option<Manifest>> {
     let records = Records::decode(base, store.verified_payload(base).await?)?;
     let read = store.read_chain(&base.snapshot_id, base.created_at, opts.keys().as_deref()).await?;
     if let Some(stop) = read.stop_message(base.created_at) {
@@ -584,7 +700,7 @@ async fn fold(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest) -> 
     }
     let Some(folded) = crate::format::fold(base, &records, &read.links)? else { return Ok(None) };
     drop(records);
-    write_base(store, opts, base, folded).await.map(Some)
+    write_base(store, opts, base, folded, recipients).await.map(Some)
 }
 
 /// A chain this journal cannot extend (a corrupt or refused segment, or a segment header
@@ -602,7 +718,7 @@ async fn restart(
     state: &mut JournalState,
 ) -> bool {
     let Some(cut) = state.cut() else { return false };
-    let written = own_base(store, opts, &chain.base, &cut).await;
+    let written = restart_base(store, opts, chain, &cut).await;
     // Whatever happened, the changes stay pending: the new base's chain lists them again.
     state.put_back(cut);
     let broken = chain.broken.as_deref().unwrap_or_default();
@@ -622,10 +738,12 @@ async fn restart(
     }
 }
 
-/// The base of [`restart`]: `base`'s records, its readable segments and `cut` on top.
-async fn own_base(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest, cut: &Cut) -> Result<Manifest> {
+/// The base of [`restart`]: the chain's base's records, its readable segments and `cut` on
+/// top, encrypted as the chain is (never clearer than its base).
+async fn restart_base(store: &SnapshotStore, opts: &JournalOptions, chain: &Chain, cut: &Cut) -> Result<Manifest> {
+    let base = &chain.base;
     let records = Records::decode(base, store.verified_payload(base).await?)?;
-    let read = store.read_chain(&base.snapshot_id, base.created_at, opts.chain_keys.as_deref()).await?;
+    let read = store.read_chain(&base.snapshot_id, base.created_at, opts.keys().as_deref()).await?;
     let from = read.links.last().map_or(base.created_at, |l| l.header.to);
     let (pending, payload) = PayloadEncoder::encode_all(opts.zstd_level, None, &cut.records)
         .map_err(|e| Error::io("encode the changes pending", e))?;
@@ -648,7 +766,7 @@ async fn own_base(store: &SnapshotStore, opts: &JournalOptions, base: &Manifest,
     let folded = crate::format::fold(base, &records, &links)?
         .ok_or_else(|| Error::io("start a new chain", std::io::Error::other("nothing to fold")))?;
     drop(records);
-    write_base(store, opts, base, folded).await
+    write_base(store, opts, base, folded, chain.recipients.as_deref()).await
 }
 
 /// Writes a folded base as a snapshot: payload first, manifest last, create-only, signed and
@@ -658,8 +776,9 @@ async fn write_base(
     opts: &JournalOptions,
     base: &Manifest,
     folded: crate::format::Folded,
+    recipients: Option<&Recipients>,
 ) -> Result<Manifest> {
-    let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, opts.recipients.as_deref(), &folded.records)
+    let (bytes, payload) = PayloadEncoder::encode_all(opts.zstd_level, recipients, &folded.records)
         .map_err(|e| Error::io("encode a folded base", e))?;
     let id = SnapshotId::new(folded.created_at);
     let mut manifest =
@@ -717,7 +836,7 @@ mod tests {
         };
         // An unsigned segment (anyone who can write the bucket): not folded under the key.
         append_segment(&store, &base, &[server("a", "Forged")], 5, true).await;
-        let err = fold(&store, &opts, &base).await.unwrap_err().to_string();
+        let err = fold(&store, &opts, &base, None).await.unwrap_err().to_string();
         assert!(err.contains("not signed"), "{err}");
         let one = store.segment_object_path(&base.snapshot_id, 1, crate::format::SEGMENT_HEADER_SUFFIX);
         object_store::ObjectStoreExt::delete(store.object_store().as_ref(), &one).await.unwrap();
@@ -725,7 +844,7 @@ mod tests {
         let last = [tombstone(&server("b", "x")), server("c", "Initial")];
         append_signed_segment(&store, &base, &last, 5, false, Some(&key)).await;
         base_records.clear();
-        let folded = fold(&store, &opts, &base).await.unwrap().unwrap();
+        let folded = fold(&store, &opts, &base, None).await.unwrap().unwrap();
         assert_ne!(folded.snapshot_id, base.snapshot_id);
         assert_eq!(folded.created_at, ts("2026-11-30T09:00:10Z"));
         assert!(!folded.is_consistent(), "the last segment's verdict");
@@ -765,7 +884,7 @@ mod tests {
         let one = store.segment_object_path(&base.snapshot_id, 1, crate::format::SEGMENT_HEADER_SUFFIX);
         object_store::ObjectStoreExt::delete(store.object_store().as_ref(), &one).await.unwrap();
         let opts = JournalOptions::new(crate::domain::identity::Profile::metal_operator());
-        let err = fold(&store, &opts, &base).await.unwrap_err().to_string();
+        let err = fold(&store, &opts, &base, None).await.unwrap_err().to_string();
         assert!(err.contains("segment 1 of base") && err.contains("missing"), "{err}");
         assert_eq!(store.list().await.unwrap().len(), 1, "nothing written");
     }
