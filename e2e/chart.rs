@@ -459,8 +459,8 @@ fn chart_two_replica_roles_have_a_disruption_budget_and_spread() {
 /// Recreate, the same image, `journal` with the interval and the metrics address, its port and
 /// probes; the ServiceAccount may only get/list/watch the profile's kinds (no namespace, no
 /// Secret); the signing key and recipients reach it as where snapshots are written, the trusted
-/// keys and the decryption key as where they are read (it reads its base); a ServiceMonitor and
-/// a PodMonitor scrape it; NOTES say what it does.
+/// keys as every role; never the decryption key (issue 38 item 2: where backups run, no private
+/// age key); a ServiceMonitor and a PodMonitor scrape it; NOTES say what it does.
 #[test]
 fn chart_journal_role_is_one_recreated_replica_that_watches_and_writes_segments() {
     let defaults = objects(&render("r", &[]));
@@ -501,12 +501,11 @@ fn chart_journal_role_is_one_recreated_replica_that_watches_and_writes_segments(
     assert_eq!(env(&spec, "RESTATUS_SIGNING_KEY"), Some(json!("/etc/restatus/signing/signing.key")));
     assert_eq!(env(&spec, "RESTATUS_TRUSTED_KEYS"), Some(json!("ed25519:AAAA,/etc/restatus/trusted-keys")));
     assert_eq!(env(&spec, "RESTATUS_ENCRYPT_TO"), Some(json!("age1aaaa,/etc/restatus/encryption-recipients")));
-    assert_eq!(env(&spec, "RESTATUS_DECRYPTION_KEY"), Some(json!("/etc/restatus/decryption/decryption.agekey")));
+    assert_eq!((env(&spec, "RESTATUS_DECRYPTION_KEY"), volume(&spec, "decryption-key")), (None, None));
     for (volume_name, source, name) in [
         ("signing-key", "secret", "sk"),
         ("trusted-keys", "configMap", "tk"),
         ("encryption-recipients", "configMap", "rc"),
-        ("decryption-key", "secret", "dk"),
     ] {
         let v = volume(&spec, volume_name).unwrap_or_else(|| panic!("no volume {volume_name}"));
         let key = if source == "secret" { "secretName" } else { "name" };
@@ -761,8 +760,9 @@ fn kustomize_s3_ca_component_reaches_every_role() {
 }
 
 /// manifests/journal with every component of manifests/components: the signing key and the
-/// recipients (it writes segments), the trusted keys and the decryption key (it reads its base)
-/// and the private CA reach the journal's container, as the chart's values reach its journal role.
+/// recipients (it writes segments), the trusted keys (it verifies its base) and the private CA
+/// reach the journal's container, never the decryption key (where backups run, no private age
+/// key), as the chart's values reach its journal role.
 #[test]
 fn kustomize_components_wire_the_journal_as_the_chart_does() {
     let bed = Bed::get();
@@ -773,7 +773,6 @@ fn kustomize_components_wire_the_journal_as_the_chart_does() {
         ("RESTATUS_SIGNING_KEY", "/etc/restatus/signing/signing.key"),
         ("RESTATUS_TRUSTED_KEYS", "/etc/restatus/trusted-keys"),
         ("RESTATUS_ENCRYPT_TO", "/etc/restatus/encryption-recipients"),
-        ("RESTATUS_DECRYPTION_KEY", "/etc/restatus/decryption/decryption.agekey"),
         ("RESTATUS_S3_CA_FILE", "/etc/restatus/s3-ca/ca.crt"),
     ] {
         assert_eq!(env(&spec, var), Some(json!(value)), "{var}");
@@ -782,9 +781,10 @@ fn kustomize_components_wire_the_journal_as_the_chart_does() {
         let mounts = spec["containers"][0]["volumeMounts"].to_string();
         assert!(mounts.contains(dir), "{var}: {dir} not mounted: {mounts}");
     }
-    for volume_name in ["signing-key", "trusted-keys", "encryption-recipients", "decryption-key", "s3-ca", "tmp"] {
+    for volume_name in ["signing-key", "trusted-keys", "encryption-recipients", "s3-ca", "tmp"] {
         assert!(volume(&spec, volume_name).is_some(), "no volume {volume_name}");
     }
+    assert_eq!((env(&spec, "RESTATUS_DECRYPTION_KEY"), volume(&spec, "decryption-key")), (None, None));
 }
 
 /// Released as `restatus` in namespace `restatus`, each role has the names of its kustomize

@@ -114,7 +114,9 @@ topologySpreadConstraints:
 {{- $trusts := $.Values.signing.trustedKeysConfigMap }}
 {{- $custom := include "restatus.customProfile" $ | fromJson }}
 {{- $encrypts := and (has $roleName (list "backup" "source" "journal")) $.Values.encryption.recipientsConfigMap }}
-{{- $decrypts := and (has $roleName (list "controller" "journal")) $.Values.encryption.decryptionKeySecret }}
+{{- /* The private age key: the restore controller only, never where backups run (the journal
+    reads no encrypted base: it captures its own). */}}
+{{- $decrypts := and (eq $roleName "controller") $.Values.encryption.decryptionKeySecret }}
 {{- $spills := has $roleName (list "controller" "journal") }}
 {{- if or $spills $.Values.s3.caBundle.configMap $.Values.extraVolumes $signs $trusts $custom $encrypts $decrypts }}
 volumes:
@@ -182,7 +184,7 @@ volumes:
 {{- $recipients = append $recipients "/etc/restatus/encryption-recipients" }}
 {{- end }}
 {{- end }}
-{{- $decrypts := and (has (index . 1) (list "controller" "journal")) $.Values.encryption.decryptionKeySecret }}
+{{- $decrypts := and (eq (index . 1) "controller") $.Values.encryption.decryptionKeySecret }}
 {{- $spills := has (index . 1) (list "controller" "journal") }}
 image: {{ include "restatus.image" $ }}
 imagePullPolicy: {{ $.Values.image.pullPolicy }}
