@@ -439,6 +439,7 @@ async fn own_base(
         recipients: Some(recipients),
         base: manifest,
         broken: None,
+        restarted: false,
     };
     Ok((chain, state))
 }
