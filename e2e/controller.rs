@@ -1143,7 +1143,10 @@ async fn the_controller_never_adopts_a_snapshot_captured_from_its_own_cluster() 
     let run = backed_up(&bed, &spec, 8).await;
     let controller = run.start_ready().await;
     let (selector, storage) = (run.selector(), run.storage());
-    let out = bed.restatus_with(&bed.target_kubeconfig, storage, &spec.name, &["backup", "--selector", selector], &[]);
+    // The target's capture holds no status, far fewer records than the source's snapshot:
+    // the record-drop guard (F160) would mark it and exit 4; this test is about its origin.
+    let backup = ["backup", "--selector", selector, "--max-record-drop", "100"];
+    let out = bed.restatus_with(&bed.target_kubeconfig, storage, &spec.name, &backup, &[]);
     assert_success(&out, "backup of the target under the source's id");
     // Bounded: the controller refreshes every 2 s.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1664,8 +1667,9 @@ async fn encrypted_snapshots_the_controller_decrypts_with_its_key_and_passes_ove
 /// F165 (issue 38, item 13): forged (unsigned) snapshots newer than the signed one a controller
 /// with `--trusted-key` uses. Before, every refresh read and verified each of them again (its
 /// manifest, its signature) — any number of junk objects, every `--snapshot-refresh`. Now each
-/// refused snapshot is verified once and remembered: over six more refreshes, no forged
-/// snapshot's signature is looked for a second time, and the snapshot in use stays the signed one.
+/// refused snapshot is verified once by each reader (the choice, the bucket's gauges) and
+/// remembered: over six more refreshes, no forged snapshot's signature is read more than twice,
+/// and the snapshot in use stays the signed one.
 #[tokio::test]
 async fn forged_snapshots_are_read_once_not_at_every_refresh() {
     let _target = TARGET.read().await;
@@ -1702,12 +1706,12 @@ async fn forged_snapshots_are_read_once_not_at_every_refresh() {
         assert!(Instant::now() < deadline, "fewer than 6 refreshes within 60 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Verifying reads its signature object (a HEAD: none is there); the bucket's newest
-    // manifest is also read for the `restatus_snapshot_newest_*` gauges at each refresh,
-    // without a signature check, so the signature's requests are what count here.
+    // Verifying reads its signature object (none is there). Two readers verify: the choice of
+    // the snapshot to use, and the `restatus_snapshot_newest_*` gauges (which verify too, F141),
+    // each with its own memory: each may read a forgery's signature once, never at every refresh.
     for id in &forged {
         let checks = count(&|_, t| t.contains(&format!("{id}/manifest.json.sig")));
-        assert_eq!(checks, 1, "forged {id} verified once over 6 refreshes: {:?}", proxy.requests());
+        assert!(checks <= 2, "forged {id} verified {checks} times over 6 refreshes: {:?}", proxy.requests());
     }
     let (_, ready) = controller.get("/readyz").await.unwrap();
     assert!(ready.contains(&signed), "the signed snapshot stays in use: {ready}");

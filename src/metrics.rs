@@ -90,13 +90,16 @@ impl NewestSnapshotMetrics {
     /// run has), the newest one of them signed ([`crate::store::newest_verified`]): a forged
     /// manifest, however new its date, never silences the alert on the backups' age nor
     /// decides the consistency gauge. On an error the gauges keep their last values (the
-    /// alert on age still fires when the listing keeps failing).
+    /// alert on age still fires when the listing keeps failing). A snapshot refused once is
+    /// remembered in `refused` and not verified again at the next refresh.
     pub async fn refresh(
         &self,
         store: &SnapshotStore,
         trusted: Option<&TrustedKeys>,
+        refused: &crate::store::Refused,
     ) -> crate::Result<Option<Manifest>> {
-        let manifest = crate::store::newest_verified(store, None, trusted).await?.map(|(manifest, _)| manifest);
+        let newest = crate::store::newest_verified_remembering(store, None, trusted, refused).await?;
+        let manifest = newest.map(|(manifest, _)| manifest);
         self.observe(store.cluster_id(), manifest.as_ref());
         Ok(manifest)
     }
@@ -203,7 +206,7 @@ mod tests {
     async fn newest_snapshot_metrics_come_from_the_newest_complete_manifest() {
         let store = SnapshotStore::open("memory://", "c").unwrap();
         let metrics = crate::controller::metrics::Metrics::default();
-        assert!(metrics.newest.refresh(&store, None).await.unwrap().is_none());
+        assert!(metrics.newest.refresh(&store, None, &Default::default()).await.unwrap().is_none());
         let text = metrics.render();
         assert_eq!(
             line(&text, "restatus_snapshot_newest_records"),
@@ -224,7 +227,7 @@ mod tests {
         let pending = SnapshotId::new("2026-11-30T12:00:00Z".parse().unwrap());
         store.object_store().put(&store.payload_path(&pending), bytes::Bytes::from_static(b"x").into()).await.unwrap();
 
-        let read = metrics.newest.refresh(&store, None).await.unwrap().unwrap();
+        let read = metrics.newest.refresh(&store, None, &Default::default()).await.unwrap().unwrap();
         assert_eq!(read.snapshot_id, newest.snapshot_id);
         let text = metrics.render();
         let value = |name: &str| line(&text, name).and_then(|l| l.rsplit(' ').next()).map(str::to_string);
@@ -256,13 +259,13 @@ mod tests {
             let text = metrics.render();
             line(&text, name).and_then(|l| l.rsplit(' ').next()).map(str::to_string).unwrap()
         };
-        let read = metrics.newest.refresh(&store, Some(&trusted)).await.unwrap().unwrap();
+        let read = metrics.newest.refresh(&store, Some(&trusted), &Default::default()).await.unwrap().unwrap();
         assert_eq!(read.snapshot_id, real.snapshot_id);
         let at: f64 = value("restatus_snapshot_newest_timestamp_seconds").parse().unwrap();
         assert_eq!(at, signed.as_second() as f64, "the forged date silences the stale-backup alert");
         assert_eq!(value("restatus_snapshot_newest_consistent"), "0");
 
-        metrics.newest.refresh(&store, None).await.unwrap();
+        metrics.newest.refresh(&store, None, &Default::default()).await.unwrap();
         let at: f64 = value("restatus_snapshot_newest_timestamp_seconds").parse().unwrap();
         assert_eq!(at, forged.as_second() as f64, "without keys: the newest as it is");
     }

@@ -162,15 +162,16 @@ async fn schedule(
     let (client, options) = backup_setup(g, &args, trusted.as_deref()).await?;
     let policy = args.retention.policy();
     let keys = options.trusted.as_deref().cloned();
+    let refused = store::Refused::default();
     info!(schedule = schedule.expression(), storage = store.location(), "schedule started");
-    if let Err(e) = metrics.newest.refresh(store, keys.as_ref()).await {
+    if let Err(e) = metrics.newest.refresh(store, keys.as_ref(), &refused).await {
         warn!(error = %e, "cannot read the newest snapshot for the metrics");
     }
     let job = || async {
         let started = std::time::Instant::now();
         let result = backup::run(&client, store, &options).await;
         // The bucket's view first: a scrape that counts this backup sees its snapshot.
-        if let Err(e) = metrics.newest.refresh(store, keys.as_ref()).await {
+        if let Err(e) = metrics.newest.refresh(store, keys.as_ref(), &refused).await {
             warn!(error = %e, "cannot read the newest snapshot for the metrics");
         }
         metrics.backup_finished(result.as_ref().ok(), started.elapsed());

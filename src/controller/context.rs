@@ -304,9 +304,10 @@ pub(super) async fn newer_snapshot(
 pub(super) async fn export_newest(ctx: Arc<Context>, period: Duration) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let refused = crate::store::Refused::default();
     loop {
         tick.tick().await;
-        if let Err(e) = ctx.metrics.newest.refresh(&ctx.store, ctx.options.trusted_keys.as_deref()).await {
+        if let Err(e) = ctx.metrics.newest.refresh(&ctx.store, ctx.options.trusted_keys.as_deref(), &refused).await {
             warn!(error = %e, "cannot read the newest snapshot for the metrics");
         }
     }

@@ -600,12 +600,30 @@ pub async fn newest_verified(
     at: Option<Timestamp>,
     trusted: Option<&TrustedKeys>,
 ) -> Result<Option<(Manifest, Option<KeyId>)>> {
+    newest_verified_remembering(store, at, trusted, &Refused::default()).await
+}
+
+/// [`newest_verified`] for a reader that asks again and again (the controller's metrics of
+/// the bucket's newest snapshot, every refresh): a snapshot whose signature was refused once
+/// is remembered in `refused` and not read again (a manifest is written create-only).
+pub async fn newest_verified_remembering(
+    store: &SnapshotStore,
+    at: Option<Timestamp>,
+    trusted: Option<&TrustedKeys>,
+    refused: &Refused,
+) -> Result<Option<(Manifest, Option<KeyId>)>> {
     let by_then = |id: &SnapshotId| at.is_none_or(|at| id.timestamp().is_some_and(|t| t <= at));
-    for entry in store.list().await?.into_iter().rev().filter(|e| e.complete && by_then(&e.id)) {
+    let listed = store.list().await?;
+    refused.keep_listed(&listed);
+    for entry in listed.into_iter().rev().filter(|e| e.complete && by_then(&e.id)) {
+        if refused.get(&entry.id).is_some() {
+            continue;
+        }
         match store.verified_manifest(&entry.id, trusted).await {
             Ok(verified) => return Ok(Some(verified)),
             Err(e @ (Error::Unsigned { .. } | Error::BadSignature { .. })) => {
                 warn!(snapshot = %entry.id, error = %e, "snapshot is not signed by a trusted key; passed over");
+                refused.remember(&entry.id, &e.to_string());
             }
             Err(e) => return Err(e),
         }
