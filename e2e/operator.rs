@@ -867,14 +867,31 @@ fn assert_kept(before: &BTreeMap<String, Value>, after: &BTreeMap<String, Value>
 async fn wait_restored(fx: &Fleet, before: &BTreeMap<String, Value>, within: Duration) -> Duration {
     let started = Instant::now();
     let target = fx.ob.bed.target().await;
-    wait_for("every status restored and released on the target", within, async || {
+    loop {
         let now = statuses(&target, &fx.name, &fx.ns).await;
         let notes = annotations(&target, &fx.name, &fx.ns).await;
-        before.iter().all(|(k, s)| now.get(k) == Some(s))
-            && notes.values().all(|a| !a.contains_key(QUIESCED_BY_ANNOTATION) && !a.contains_key(OPERATION_ANNOTATION))
-    })
-    .await;
-    started.elapsed()
+        let differ: Vec<String> = before
+            .iter()
+            .filter(|(k, s)| now.get(*k) != Some(*s))
+            .map(|(k, s)| format!("{k}: before {s}, now {}", now.get(k).map_or("absent".into(), Value::to_string)))
+            .collect();
+        let held: Vec<&String> = notes
+            .iter()
+            .filter(|(_, a)| a.contains_key(QUIESCED_BY_ANNOTATION) || a.contains_key(OPERATION_ANNOTATION))
+            .map(|(k, _)| k)
+            .collect();
+        if differ.is_empty() && held.is_empty() {
+            return started.elapsed();
+        }
+        // What is still missing, so that a timeout says why (the controller's log is kept
+        // with the operator bed's logs).
+        assert!(
+            started.elapsed() < within,
+            "every status restored and released on the target: not within {within:?}\n\
+             statuses that differ: {differ:#?}\nstill held: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 #[tokio::test]
