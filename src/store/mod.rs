@@ -26,8 +26,7 @@ pub mod snapshots;
 pub use backend::{DEFAULT_STORAGE, S3Options, SSE_MODES};
 pub use choose::{
     Accept, Demands, Loaded, Passed, Point, ReadOn, Refused, Tail, choose_newer, choose_snapshot, newest_verified,
-    newest_verified_remembering,
-    read_on, resolve, resolve_at, snapshot_at,
+    newest_verified_remembering, read_on, resolve, resolve_at, snapshot_at,
 };
 pub use listing::{JournalSummary, SignatureCheck, SnapshotState, SnapshotSummary, describe_snapshots};
 pub use retention::{Deletion, RetentionPolicy};
